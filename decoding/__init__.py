@@ -1,0 +1,26 @@
+"""Decoda's engine: model loading, KV cache, batched runner, logits processors, strategies.
+
+The public API for the HTTP layer is re-exported here; nothing in this package imports fastapi.
+"""
+
+from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.config import EngineConfig
+from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob, TopLogprob
+from decoding.params import GenerationParams, ParameterError, Strategy, resolve_strategy
+
+__all__ = [
+    "EngineClient",
+    "EngineConfig",
+    "EngineUnavailableError",
+    "FinishReason",
+    "GenerationParams",
+    "ParameterError",
+    "QueueFullError",
+    "RequestOutput",
+    "SequenceDelta",
+    "ServedModel",
+    "Strategy",
+    "TokenLogprob",
+    "TopLogprob",
+    "resolve_strategy",
+]

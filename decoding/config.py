@@ -1,0 +1,25 @@
+"""Engine construction settings: what the server's settings module hands to the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    model: str = "smollm2-135m-instruct"  # short name, local HF folder, .gguf file, or hub id
+    served_model_name: str | None = None  # defaults to the short name / folder or file name
+    dtype: str = "float32"  # float32 | bfloat16 | float16
+    device: str = "cpu"
+    compile: bool = False  # torch.compile the model's forward
+    max_model_len: int | None = None  # default: min(model's max_position_embeddings, 8192)
+    max_num_seqs: int = 16  # rows (KV slots) in the batch
+    max_num_batched_tokens: int = 512  # token budget of one forward (prefill chunking)
+    max_queue: int = 256  # waiting requests beyond this get 429
+    request_timeout: float | None = 600.0  # seconds from arrival; None disables
+    max_num_beams: int = 8
+    num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    cache_dir: str | None = None  # where converted models are kept; None: ~/.cache/decoda
+    assistant_models: list[tuple[str, str]] = field(default_factory=list)  # (name, model)
+    default_assistant: str | None = None
+    seed: int = 0  # seeds unseeded requests' generators (each request still gets its own)
