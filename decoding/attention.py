@@ -1,0 +1,169 @@
+"""Decoda's attention function: packed tokens of many rows against the slot pool, in one forward.
+
+The runner flattens every row's new tokens into one sequence ``[1, num_tokens]`` so the model's
+projections and MLPs run as one matmul with no padding. Attention is the only place rows must be
+kept apart; transformers lets a model call a registered attention function (``AttentionInterface``)
+with the new keys/values, and this one:
+
+1. writes the new K/V into the pool at each token's own (slot, position);
+2. runs all single-token rows (decode steps) as ONE batched SDPA over a *view* of the pool's
+   leading slots (no gather, no copy of anyone's cache), masking each row to its own length;
+3. runs each multi-token row (a prompt chunk, later a draft to verify) as its own SDPA with a
+   causal mask offset by the row's cached length.
+
+It matches transformers' ``sdpa_attention_forward`` numerically up to float reassociation; the
+masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface
+
+from decoding.kv_cache import KVPool
+
+ATTENTION_NAME = "decoda"
+
+
+@dataclass(frozen=True)
+class Segment:
+    """The tokens one row feeds this step: ``length`` tokens at positions ``start..start+length-1``."""
+
+    slot: int
+    start: int
+    length: int
+
+
+class StepLayout:
+    """Where each packed token lives and who may see whom; built once per forward, shared by layers.
+
+    Decode segments (length 1) must come first in ``segments``: their tokens occupy the first
+    ``num_decode`` packed positions.
+    """
+
+    def __init__(self, pool: KVPool, segments: list[Segment], device: torch.device) -> None:
+        self.pool = pool
+        self.segments = segments
+        self.decode = [s for s in segments if s.length == 1]
+        self.multi = [s for s in segments if s.length > 1]
+        if segments[: len(self.decode)] != self.decode:
+            raise ValueError("decode segments must come first")
+        slots: list[int] = []
+        positions: list[int] = []
+        for seg in segments:
+            slots.extend([seg.slot] * seg.length)
+            positions.extend(range(seg.start, seg.start + seg.length))
+        self.num_tokens = len(slots)
+        self.token_slots = torch.tensor(slots, dtype=torch.long, device=device)  # [num_tokens]
+        self.token_positions = torch.tensor(positions, dtype=torch.long, device=device)  # [num_tokens]
+        self.device = device
+        self._masks: dict[tuple[str, int | None], torch.Tensor] = {}
+        if self.decode:
+            decode_slots = [s.slot for s in self.decode]
+            self.decode_view = max(decode_slots) + 1
+            self.decode_kv_len = max(s.start + 1 for s in self.decode)
+            self.decode_slots = torch.tensor(decode_slots, dtype=torch.long, device=device)
+            # A view of the leading slots works when the decode rows are exactly those slots.
+            self.decode_dense = decode_slots == list(range(self.decode_view))
+            lengths = torch.ones(self.decode_view, dtype=torch.long)  # idle slots see key 0 only
+            query_pos = torch.zeros(self.decode_view, dtype=torch.long)
+            for seg in self.decode:
+                lengths[seg.slot] = seg.start + 1
+                query_pos[seg.slot] = seg.start
+            self._decode_lengths = lengths.to(device)
+            self._decode_query_pos = query_pos.to(device)
+
+    def decode_mask(self, sliding_window: int | None) -> torch.Tensor:
+        """``[decode_view, 1, 1, decode_kv_len]`` bool: True where a row may attend."""
+        key = ("decode", sliding_window)
+        if key not in self._masks:
+            kv = torch.arange(self.decode_kv_len, device=self.device)
+            mask = kv[None, :] < self._decode_lengths[:, None]
+            if sliding_window is not None:
+                mask &= kv[None, :] > self._decode_query_pos[:, None] - sliding_window
+            self._masks[key] = mask[:, None, None, :]
+        return self._masks[key]
+
+    def multi_mask(self, index: int, sliding_window: int | None) -> torch.Tensor:
+        """``[length, start + length]`` bool causal mask of the index-th multi-token segment."""
+        key = (f"multi{index}", sliding_window)
+        if key not in self._masks:
+            seg = self.multi[index]
+            q = torch.arange(seg.start, seg.start + seg.length, device=self.device)
+            kv = torch.arange(seg.start + seg.length, device=self.device)
+            mask = kv[None, :] <= q[:, None]
+            if sliding_window is not None:
+                mask &= kv[None, :] > q[:, None] - sliding_window
+            self._masks[key] = mask
+        return self._masks[key]
+
+
+def decoda_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,  # [1, num_heads, num_tokens, head_dim]
+    key: torch.Tensor,  # [1, num_kv_heads, num_tokens, head_dim]
+    value: torch.Tensor,  # [1, num_kv_heads, num_tokens, head_dim]
+    attention_mask: torch.Tensor | None,
+    scaling: float | None = None,
+    dropout: float = 0.0,
+    sliding_window: int | None = None,
+    decoda_layout: StepLayout | None = None,
+    **kwargs: object,
+) -> tuple[torch.Tensor, None]:
+    if decoda_layout is None:
+        raise RuntimeError("decoda attention called without a StepLayout (use the model runner)")
+    if kwargs.get("softcap") is not None:
+        raise ValueError("attention logit soft-capping is not supported by decoda attention")
+    layout = decoda_layout
+    pool = layout.pool
+    layer = module.layer_idx
+    layer_keys, layer_values = pool.keys[layer], pool.values[layer]
+    # [num_tokens, num_kv_heads, head_dim] written at (slot, position) of each token
+    layer_keys[layout.token_slots, :, layout.token_positions] = key[0].transpose(0, 1).to(layer_keys.dtype)
+    layer_values[layout.token_slots, :, layout.token_positions] = value[0].transpose(0, 1).to(layer_values.dtype)
+
+    gqa = query.shape[1] != key.shape[1]
+    outputs: list[torch.Tensor] = []
+    num_decode = len(layout.decode)
+    if num_decode:
+        q = query[0, :, :num_decode].transpose(0, 1).unsqueeze(2)  # [num_decode, num_heads, 1, head_dim]
+        if not layout.decode_dense:
+            full = q.new_zeros((layout.decode_view, *q.shape[1:]))
+            full[layout.decode_slots] = q
+            q = full
+        k = layer_keys[: layout.decode_view, :, : layout.decode_kv_len]
+        v = layer_values[: layout.decode_view, :, : layout.decode_kv_len]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=layout.decode_mask(sliding_window), scale=scaling, enable_gqa=gqa
+        )  # [decode_view, num_heads, 1, head_dim]
+        if not layout.decode_dense:
+            out = out[layout.decode_slots]
+        outputs.append(out.squeeze(2))  # [num_decode, num_heads, head_dim]
+    offset = num_decode
+    for index, seg in enumerate(layout.multi):
+        q = query[:, :, offset : offset + seg.length]  # [1, num_heads, length, head_dim]
+        k = layer_keys[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
+        v = layer_values[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=layout.multi_mask(index, sliding_window), scale=scaling, enable_gqa=gqa
+        )
+        outputs.append(out[0].transpose(0, 1))  # [length, num_heads, head_dim]
+        offset += seg.length
+    attn = torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
+    return attn.unsqueeze(0), None  # [1, num_tokens, num_heads, head_dim]
+
+
+def _no_mask(*args: object, **kwargs: object) -> None:
+    """Masks are built per step by StepLayout; transformers' mask construction is skipped."""
+    return None
+
+
+def register_attention() -> str:
+    """Make ``attn_implementation="decoda"`` available to ``from_pretrained``; idempotent."""
+    AttentionInterface.register(ATTENTION_NAME, decoda_attention)
+    AttentionMaskInterface.register(ATTENTION_NAME, _no_mask)
+    return ATTENTION_NAME

@@ -1,0 +1,287 @@
+"""The engine step: admit, plan every row's tokens, one forward, sample, stop, stream.
+
+The engine is synchronous and single-threaded: the worker thread owns it and calls ``step()`` in
+a loop. Everything a request needs between steps lives in its ``Request``; the engine only wires
+scheduler, runner, sampler and streamers together and reports ``RequestOutput``s through ``emit``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from decoding.kv_cache import KVPool
+from decoding.model_runner import ModelRunner, RowInput
+from decoding.outputs import FinishReason, RequestOutput, TokenLogprob
+from decoding.params import GenerationParams
+from decoding.request import Request, Row
+from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
+from decoding.scheduler import Scheduler
+from decoding.stats import StepStats
+from decoding.streamer import DeltaStreamer
+from decoding.token_logprobs import prompt_logprob_entries, token_logprob
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineLimits:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    request_timeout: float | None = None
+
+
+@dataclass
+class _Work:
+    request: Request
+    row: Row | None  # None: a prompt chunk of the request (written into rows[0]'s slot)
+    num_tokens: int
+
+
+class Engine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: object,
+        eos_token_ids: list[int],
+        limits: EngineLimits,
+        emit: Callable[[RequestOutput], None],
+        device: torch.device,
+    ) -> None:
+        config = model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        self.pool = KVPool(
+            num_layers=config.num_hidden_layers,
+            num_slots=limits.max_num_seqs,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            max_model_len=limits.max_model_len,
+            dtype=next(model.parameters()).dtype,
+            device=device,
+        )
+        self.runner = ModelRunner(model, self.pool, device)
+        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+        self.vocab_size = model.config.get_text_config().vocab_size
+        self.limits = limits
+        self.emit = emit
+        self.device = device
+        self.requests: dict[str, Request] = {}
+        self.stats = StepStats()
+        self._sampling_key: tuple[int, ...] = ()
+        self._sampling_batch: SamplingBatch | None = None
+
+    # ---- requests in and out ---------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
+        generator = make_generator(params.seed, self.device) if params.do_sample else None
+        rows = []
+        for index in range(params.n):
+            sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
+            streamer = DeltaStreamer(
+                self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
+            )
+            rows.append(Row(index=index, sampling=sampling, streamer=streamer))
+        request = Request(request_id, list(prompt_ids), params, rows, generator=generator)
+        if self.limits.request_timeout is not None:
+            request.deadline = request.arrival_time + self.limits.request_timeout
+        self.requests[request_id] = request
+        self.scheduler.add(request)
+
+    def abort(self, request_id: str) -> None:
+        request = self.requests.get(request_id)
+        if request is not None:
+            self._finish_request(request, FinishReason.ABORT)
+
+    def fail_all(self, message: str) -> None:
+        for request in list(self.requests.values()):
+            self._fail(request, message)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work()
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> None:
+        self._expire(time.monotonic())
+        for request in self.scheduler.admit():
+            request.start_time = time.monotonic()
+        work, inputs = self._plan()
+        if not inputs:
+            return
+        try:
+            all_logits = self.runner.forward(inputs)
+        except Exception as exc:  # a forward failure cannot be pinned on one row: fail this step's requests
+            logger.exception("forward failed")
+            for request in {id(w.request): w.request for w in work}.values():
+                self._fail(request, f"forward failed: {exc}")
+            return
+        self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
+        to_sample: list[tuple[Request, Row, torch.Tensor]] = []
+        for item, logits in zip(work, all_logits, strict=True):
+            try:
+                to_sample.extend(self._consume(item, logits))
+            except Exception as exc:
+                logger.exception("request %s failed", item.request.request_id)
+                self._fail(item.request, str(exc))
+        to_sample = [entry for entry in to_sample if entry[0].error is None]
+        if to_sample:
+            self._sample(to_sample)
+        self._report({id(w.request): w.request for w in work}.values())
+
+    def _plan(self) -> tuple[list[_Work], list[RowInput]]:
+        work: list[_Work] = []
+        inputs: list[RowInput] = []
+        for request in self.scheduler.running:
+            if not request.prefill_done:
+                continue
+            for row in request.rows:
+                if not row.finished:
+                    work.append(_Work(request, row, 1))
+                    inputs.append(RowInput(row.slot, row.num_cached, [row.output_ids[-1]], 0))
+        budget = self.scheduler.prefill_budget(len(inputs))
+        for request in self.scheduler.running:
+            if request.prefill_done or budget <= 0:
+                continue
+            start = request.num_prefilled
+            chunk = request.prompt_ids[start : start + budget]
+            last = start + len(chunk) == len(request.prompt_ids)
+            want_all = request.params.prompt_logprobs is not None
+            logits_from = 0 if want_all else (len(chunk) - 1 if last else len(chunk))
+            work.append(_Work(request, None, len(chunk)))
+            inputs.append(RowInput(request.rows[0].slot, start, chunk, logits_from))
+            budget -= len(chunk)
+        return work, inputs
+
+    def _consume(self, item: _Work, logits: torch.Tensor) -> list[tuple[Request, Row, torch.Tensor]]:
+        request = item.request
+        if item.row is not None:  # decode: this row's next token
+            item.row.num_cached += 1
+            return [(request, item.row, logits[-1])]
+        start = request.num_prefilled
+        request.num_prefilled += item.num_tokens
+        if request.params.prompt_logprobs is not None:
+            self._collect_prompt_logprobs(request, start, logits)
+        if not request.prefill_done:
+            return []
+        first = request.rows[0]
+        for row in request.rows:
+            if row is not first:
+                self.pool.copy_prefix(first.slot, row.slot, len(request.prompt_ids))
+            row.num_cached = len(request.prompt_ids)
+        return [(request, row, logits[-1]) for row in request.rows]
+
+    def _collect_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
+        # logits[i] predicts prompt token start + i + 1
+        if request.prompt_logprobs is None:
+            request.prompt_logprobs = [TokenLogprob(request.prompt_ids[0], self._token_text(request.prompt_ids[0]), None)]
+        targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
+        request.prompt_logprobs.extend(
+            prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text)
+        )
+
+    def _sample(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
+        rows = [row for _, row, _ in entries]
+        key = tuple(id(row) for row in rows)
+        if key != self._sampling_key or self._sampling_batch is None:
+            self._sampling_batch = SamplingBatch.from_rows([row.sampling for row in rows], self.device)
+            self._sampling_key = key
+        logits = torch.stack([entry[2] for entry in entries])  # [num_rows, vocab_size]
+        batch = self._sampling_batch
+        token_ids = batch.sample(batch.process(logits))
+        now = time.monotonic()
+        for i, (request, row, _) in enumerate(entries):
+            token = token_ids[i]
+            if request.first_token_time is None:
+                request.first_token_time = now
+            row.output_ids.append(token)
+            row.pending_ids.append(token)
+            row.sampling.append(token)
+            if request.params.logprobs is not None:
+                row.pending_logprobs.append(token_logprob(logits[i], token, request.params.logprobs, self._token_text))
+            self._check_stop(request, row, token)
+
+    def _check_stop(self, request: Request, row: Row, token: int) -> None:
+        params = request.params
+        if token in self.eos_token_ids and not params.ignore_eos:
+            row.finish_reason = FinishReason.STOP
+        elif token in params.stop_token_ids:
+            row.finish_reason, row.stop_reason = FinishReason.STOP, token
+        else:
+            row.streamer.put([token])
+            if row.streamer.stop_reason is not None:
+                row.finish_reason, row.stop_reason = FinishReason.STOP, row.streamer.stop_reason
+        if row.finish_reason is None:
+            at_context_end = len(request.prompt_ids) + len(row.output_ids) >= self.limits.max_model_len
+            if len(row.output_ids) >= params.max_new_tokens or at_context_end:
+                row.finish_reason = FinishReason.LENGTH
+        if row.finish_reason is not None:
+            row.streamer.end()
+
+    # ---- finishing ----------------------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        for request in list(self.requests.values()):
+            if request.deadline is not None and now >= request.deadline:
+                self._fail(request, f"request timed out after {self.limits.request_timeout:g} s")
+            elif (
+                request.params.max_time is not None
+                and request.start_time is not None
+                and now - request.start_time >= request.params.max_time
+            ):
+                # HF's MaxTimeCriteria: a graceful end, like running out of tokens
+                for row in request.rows:
+                    if not row.finished:
+                        row.finish_reason = FinishReason.LENGTH
+                        row.streamer.end()
+                self._report([request])
+
+    def _fail(self, request: Request, message: str) -> None:
+        request.error = f"request {request.request_id} failed: {message}"
+        self._finish_request(request, FinishReason.ERROR)
+
+    def _finish_request(self, request: Request, reason: FinishReason) -> None:
+        self.scheduler.remove(request)
+        self.requests.pop(request.request_id, None)
+        self._sampling_key = ()
+        self.emit(
+            RequestOutput(
+                request.request_id,
+                num_prompt_tokens=len(request.prompt_ids),
+                num_generated_tokens=request.num_generated,
+                finished=True,
+                error=request.error,
+                deltas=[],
+            )
+        )
+        self.stats.record_finish(request, reason)
+
+    def _report(self, requests: object) -> None:
+        for request in requests:
+            if request.request_id not in self.requests:
+                continue
+            with_logprobs = request.params.logprobs is not None
+            deltas = [d for row in request.rows if (d := row.take_delta(with_logprobs)) is not None]
+            output = RequestOutput(
+                request.request_id,
+                deltas=deltas,
+                num_prompt_tokens=len(request.prompt_ids),
+                num_generated_tokens=request.num_generated,
+            )
+            if request.prompt_logprobs is not None and request.prefill_done and not request.prompt_logprobs_sent:
+                output.prompt_logprobs = request.prompt_logprobs
+                request.prompt_logprobs_sent = True
+            if request.finished:
+                output.finished = True
+                self.scheduler.remove(request)
+                self.requests.pop(request.request_id, None)
+                self._sampling_key = ()
+                self.stats.record_finish(request, None)
+            if deltas or output.finished or output.prompt_logprobs:
+                self.emit(output)
+
+    def _token_text(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id])

@@ -1,0 +1,73 @@
+"""Build the whole engine from an ``EngineConfig``: load, size the KV pool, start the worker."""
+
+from __future__ import annotations
+
+import copy
+import logging
+
+import torch
+
+from decoding.attention import register_attention
+from decoding.client import WorkerEngineClient
+from decoding.config import EngineConfig
+from decoding.engine import Engine, EngineLimits
+from decoding.loading import load_model
+from decoding.worker import Worker
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_MODEL_LEN = 2048  # keeps the default KV pool small on a laptop; raise with --max-model-len
+
+
+def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) -> int:
+    if config.max_model_len is None:
+        return min(max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+    if config.max_model_len > max_position_embeddings:
+        raise ValueError(
+            f"--max-model-len {config.max_model_len} exceeds the model's max_position_embeddings "
+            f"{max_position_embeddings}"
+        )
+    return config.max_model_len
+
+
+def start_engine_client(config: EngineConfig) -> WorkerEngineClient:
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = torch.device(config.device)
+    loaded = load_model(
+        config.model,
+        dtype=config.dtype,
+        device=config.device,
+        cache_dir=config.cache_dir,
+        attn_implementation=register_attention(),
+    )
+    model = loaded.model
+    if config.compile:
+        model.forward = torch.compile(model.forward, dynamic=True)
+    max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
+    limits = EngineLimits(
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        request_timeout=config.request_timeout,
+    )
+    # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
+    engine = Engine(model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None, device)
+    logger.info(
+        "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
+        loaded.served_name,
+        max_model_len,
+        config.max_num_seqs,
+        engine.pool.nbytes() / 2**20,
+    )
+    worker = Worker(engine)
+    worker.start()
+    return WorkerEngineClient(
+        worker,
+        loaded.tokenizer,
+        served_name=config.served_model_name or loaded.served_name,
+        max_model_len=max_model_len,
+        max_queue=config.max_queue,
+        vocab_size=engine.vocab_size,
+        has_chat_template=loaded.has_chat_template,
+    )
