@@ -22,6 +22,7 @@ from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
 from decoding.scheduler import Scheduler
 from decoding.stats import StepStats
+from decoding.telemetry import EngineObserver
 from decoding.streamer import DeltaStreamer
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
 
@@ -52,6 +53,7 @@ class Engine:
         limits: EngineLimits,
         emit: Callable[[RequestOutput], None],
         device: torch.device,
+        observer: EngineObserver | None = None,
     ) -> None:
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -74,6 +76,7 @@ class Engine:
         self.device = device
         self.requests: dict[str, Request] = {}
         self.stats = StepStats()
+        self.observer = observer or EngineObserver()
         self._sampling_key: tuple[int, ...] = ()
         self._sampling_batch: SamplingBatch | None = None
 
@@ -82,7 +85,9 @@ class Engine:
         generator = make_generator(params.seed, self.device) if params.do_sample else None
         rows = []
         for index in range(params.n):
-            sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
+            sampling = RowSamplingState(
+                params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator
+            )
             streamer = DeltaStreamer(
                 self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
             )
@@ -110,6 +115,11 @@ class Engine:
         self._expire(time.monotonic())
         for request in self.scheduler.admit():
             request.start_time = time.monotonic()
+            self.observer.on_admitted(
+                request.params.strategy.value,
+                request.start_time - request.arrival_time,
+                len(request.prompt_ids),
+            )
         work, inputs = self._plan()
         if not inputs:
             return
@@ -121,6 +131,9 @@ class Engine:
                 self._fail(request, f"forward failed: {exc}")
             return
         self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
+        self.observer.on_step(
+            len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage
+        )
         to_sample: list[tuple[Request, Row, torch.Tensor]] = []
         for item, logits in zip(work, all_logits, strict=True):
             try:
@@ -178,10 +191,14 @@ class Engine:
     def _collect_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
         # logits[i] predicts prompt token start + i + 1
         if request.prompt_logprobs is None:
-            request.prompt_logprobs = [TokenLogprob(request.prompt_ids[0], self._token_text(request.prompt_ids[0]), None)]
+            request.prompt_logprobs = [
+                TokenLogprob(request.prompt_ids[0], self._token_text(request.prompt_ids[0]), None)
+            ]
         targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
         request.prompt_logprobs.extend(
-            prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text)
+            prompt_logprob_entries(
+                logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text
+            )
         )
 
     def _sample(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
@@ -194,16 +211,29 @@ class Engine:
         batch = self._sampling_batch
         token_ids = batch.sample(batch.process(logits))
         now = time.monotonic()
+        gaps: dict[str, list[float]] = {}
         for i, (request, row, _) in enumerate(entries):
             token = token_ids[i]
+            strategy = request.params.strategy.value
             if request.first_token_time is None:
                 request.first_token_time = now
+                self.observer.on_first_token(strategy, now - request.arrival_time)
+            if row.last_token_time is not None:
+                gaps.setdefault(strategy, []).append(now - row.last_token_time)
+            else:
+                gaps.setdefault(strategy, [])
+            row.last_token_time = now
             row.output_ids.append(token)
             row.pending_ids.append(token)
             row.sampling.append(token)
             if request.params.logprobs is not None:
-                row.pending_logprobs.append(token_logprob(logits[i], token, request.params.logprobs, self._token_text))
+                row.pending_logprobs.append(
+                    token_logprob(logits[i], token, request.params.logprobs, self._token_text)
+                )
             self._check_stop(request, row, token)
+        for strategy, strategy_gaps in gaps.items():
+            count = sum(1 for request, _, _ in entries if request.params.strategy.value == strategy)
+            self.observer.on_tokens(strategy, count, strategy_gaps)
 
     def _check_stop(self, request: Request, row: Row, token: int) -> None:
         params = request.params
@@ -257,7 +287,7 @@ class Engine:
                 deltas=[],
             )
         )
-        self.stats.record_finish(request, reason)
+        self._record_finish(request, reason)
 
     def _report(self, requests: object) -> None:
         for request in requests:
@@ -271,7 +301,11 @@ class Engine:
                 num_prompt_tokens=len(request.prompt_ids),
                 num_generated_tokens=request.num_generated,
             )
-            if request.prompt_logprobs is not None and request.prefill_done and not request.prompt_logprobs_sent:
+            if (
+                request.prompt_logprobs is not None
+                and request.prefill_done
+                and not request.prompt_logprobs_sent
+            ):
                 output.prompt_logprobs = request.prompt_logprobs
                 request.prompt_logprobs_sent = True
             if request.finished:
@@ -279,9 +313,15 @@ class Engine:
                 self.scheduler.remove(request)
                 self.requests.pop(request.request_id, None)
                 self._sampling_key = ()
-                self.stats.record_finish(request, None)
+                self._record_finish(request, None)
             if deltas or output.finished or output.prompt_logprobs:
                 self.emit(output)
+
+    def _record_finish(self, request: Request, reason: FinishReason | None) -> None:
+        reason = self.stats.record_finish(request, reason)
+        self.observer.on_finished(
+            request.params.strategy.value, reason.value, time.monotonic() - request.arrival_time
+        )
 
     def _token_text(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id])

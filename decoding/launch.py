@@ -12,6 +12,7 @@ from decoding.client import WorkerEngineClient
 from decoding.config import EngineConfig
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import load_model
+from decoding.telemetry import EngineObserver
 from decoding.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -30,7 +31,7 @@ def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) ->
     return config.max_model_len
 
 
-def start_engine_client(config: EngineConfig) -> WorkerEngineClient:
+def start_engine_client(config: EngineConfig, observer: EngineObserver | None = None) -> WorkerEngineClient:
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
@@ -52,7 +53,9 @@ def start_engine_client(config: EngineConfig) -> WorkerEngineClient:
         request_timeout=config.request_timeout,
     )
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
-    engine = Engine(model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None, device)
+    engine = Engine(
+        model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None, device, observer
+    )
     logger.info(
         "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
         loaded.served_name,

@@ -37,6 +37,7 @@ class Row:
     pending_ids: list[int] = field(default_factory=list)
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     reported_finish: bool = False
+    last_token_time: float | None = None
 
     @property
     def finished(self) -> bool:

@@ -26,8 +26,10 @@ class StepStats:
         self.num_tokens_total += num_tokens
         self.last_batch_rows = num_rows
 
-    def record_finish(self, request: object, reason: FinishReason | None) -> None:
+    def record_finish(self, request: object, reason: FinishReason | None) -> FinishReason:
+        """Count a finished request; ``None`` derives the reason from its rows (stop wins)."""
         if reason is None:
             reasons = {row.finish_reason for row in request.rows}
             reason = FinishReason.STOP if FinishReason.STOP in reasons else FinishReason.LENGTH
         self.finished[reason.value] += 1
+        return reason

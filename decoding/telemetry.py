@@ -1,0 +1,23 @@
+"""What the engine tells the outside world about its work, as plain method calls.
+
+The engine knows when a request waited, produced its first token, emitted each token and
+finished; how those become Prometheus series is the HTTP layer's business (``server/metrics.py``
+implements this interface). Keeping it an interface lets decoding/ stay free of the exporter.
+Called from the worker thread; implementations must be thread-safe and cheap.
+"""
+
+from __future__ import annotations
+
+
+class EngineObserver:
+    """Default: observe nothing. Subclass and override what you need."""
+
+    def on_admitted(self, strategy: str, queue_seconds: float, num_prompt_tokens: int) -> None: ...
+
+    def on_first_token(self, strategy: str, ttft_seconds: float) -> None: ...
+
+    def on_tokens(self, strategy: str, num_tokens: int, inter_token_seconds: list[float]) -> None: ...
+
+    def on_finished(self, strategy: str, finished_reason: str, e2e_seconds: float) -> None: ...
+
+    def on_step(self, num_rows: int, num_running: int, num_waiting: int, kv_usage: float) -> None: ...
