@@ -21,6 +21,7 @@ from decoding.params import GenerationParams
 from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
 from decoding.scheduler import Scheduler
+from decoding.detokenizer import token_text
 from decoding.stats import StepStats
 from decoding.telemetry import EngineObserver
 from decoding.streamer import DeltaStreamer
@@ -324,4 +325,4 @@ class Engine:
         )
 
     def _token_text(self, token_id: int) -> str:
-        return self.tokenizer.decode([token_id])
+        return token_text(self.tokenizer, token_id)
