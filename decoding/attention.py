@@ -17,6 +17,8 @@ masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for l
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -102,6 +104,39 @@ class StepLayout:
         return self._masks[key]
 
 
+_active: list[StepLayout | None] = [None]
+
+
+@contextmanager
+def active_layout(layout: StepLayout) -> Iterator[None]:
+    """Make ``layout`` the one every attention layer of the next forward uses.
+
+    The layout travels beside the model call instead of through it so that a ``torch.compile``d
+    forward sees only tensors: a new Python object per step would otherwise re-trigger guards.
+    """
+    _active[0] = layout
+    try:
+        yield
+    finally:
+        _active[0] = None
+
+
+@torch.library.custom_op("decoda::packed_attention", mutates_args=())
+def packed_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, sliding_window: int
+) -> torch.Tensor:
+    """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 means none)."""
+    layout = _active[0]
+    if layout is None:
+        raise RuntimeError("decoda attention called outside active_layout() (use the model runner)")
+    return _attend(layout, layer, query, key, value, scaling, None if sliding_window < 0 else sliding_window)
+
+
+@packed_attention.register_fake
+def _packed_attention_shape(query, key, value, layer, scaling, sliding_window):  # noqa: ANN001, ANN202
+    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+
+
 def decoda_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, num_heads, num_tokens, head_dim]
@@ -111,16 +146,26 @@ def decoda_attention(
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
-    decoda_layout: StepLayout | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    if decoda_layout is None:
-        raise RuntimeError("decoda attention called without a StepLayout (use the model runner)")
+    """The function transformers calls for ``attn_implementation="decoda"``."""
     if kwargs.get("softcap") is not None:
         raise ValueError("attention logit soft-capping is not supported by decoda attention")
-    layout = decoda_layout
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    window = -1 if sliding_window is None else int(sliding_window)
+    return packed_attention(query, key, value, module.layer_idx, float(scale), window), None
+
+
+def _attend(
+    layout: StepLayout,
+    layer: int,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    scaling: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
     pool = layout.pool
-    layer = module.layer_idx
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
     # [num_tokens, num_kv_heads, head_dim] written at (slot, position) of each token
     layer_keys[layout.token_slots, :, layout.token_positions] = key[0].transpose(0, 1).to(layer_keys.dtype)
@@ -154,7 +199,7 @@ def decoda_attention(
         outputs.append(out[0].transpose(0, 1))  # [length, num_heads, head_dim]
         offset += seg.length
     attn = torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
-    return attn.unsqueeze(0), None  # [1, num_tokens, num_heads, head_dim]
+    return attn.unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
 
 
 def _no_mask(*args: object, **kwargs: object) -> None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.attention import Segment, StepLayout
+from decoding.attention import Segment, StepLayout, active_layout
 from decoding.kv_cache import KVPool
 
 
@@ -55,12 +55,12 @@ class ModelRunner:
             keep_index = torch.tensor([len(flat_ids) - 1], device=self.device)
         else:
             keep_index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        out = self.model(
-            input_ids=input_ids,
-            position_ids=layout.token_positions.unsqueeze(0),
-            decoda_layout=layout,
-            use_cache=False,
-            logits_to_keep=keep_index,
-        )
+        with active_layout(layout):
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=layout.token_positions.unsqueeze(0),
+                use_cache=False,
+                logits_to_keep=keep_index,
+            )
         logits = out.logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
