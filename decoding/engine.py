@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.detokenizer import token_text
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
 from decoding.outputs import FinishReason, RequestOutput, TokenLogprob
@@ -21,10 +22,9 @@ from decoding.params import GenerationParams
 from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
 from decoding.scheduler import Scheduler
-from decoding.detokenizer import token_text
 from decoding.stats import StepStats
-from decoding.telemetry import EngineObserver
 from decoding.streamer import DeltaStreamer
+from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
 
 logger = logging.getLogger(__name__)
@@ -86,9 +86,7 @@ class Engine:
         generator = make_generator(params.seed, self.device) if params.do_sample else None
         rows = []
         for index in range(params.n):
-            sampling = RowSamplingState(
-                params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator
-            )
+            sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
             streamer = DeltaStreamer(
                 self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
             )
@@ -126,15 +124,11 @@ class Engine:
             return
         try:
             all_logits = self.runner.forward(inputs)
-        except Exception as exc:  # a forward failure cannot be pinned on one row: fail this step's requests
-            logger.exception("forward failed")
-            for request in {id(w.request): w.request for w in work}.values():
-                self._fail(request, f"forward failed: {exc}")
-            return
+        except Exception:
+            logger.exception("batched forward failed; retrying request by request")
+            work, inputs, all_logits = self._forward_isolating(work, inputs)
         self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
-        self.observer.on_step(
-            len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage
-        )
+        self.observer.on_step(len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
         to_sample: list[tuple[Request, Row, torch.Tensor]] = []
         for item, logits in zip(work, all_logits, strict=True):
             try:
@@ -144,8 +138,43 @@ class Engine:
                 self._fail(item.request, str(exc))
         to_sample = [entry for entry in to_sample if entry[0].error is None]
         if to_sample:
-            self._sample(to_sample)
+            try:
+                self._sample(to_sample)
+            except Exception:
+                logger.exception("batched sampling failed; retrying request by request")
+                self._sample_isolating(to_sample)
         self._report({id(w.request): w.request for w in work}.values())
+
+    def _forward_isolating(
+        self, work: list[_Work], inputs: list[RowInput]
+    ) -> tuple[list[_Work], list[RowInput], list[torch.Tensor]]:
+        """Find who broke a batched forward: one forward per request, fail only those that raise.
+
+        Safe to repeat: a failed forward wrote K/V only beyond every row's committed length.
+        """
+        kept_work, kept_inputs, kept_logits = [], [], []
+        for request in {id(w.request): w.request for w in work}.values():
+            mine = [i for i, w in enumerate(work) if w.request is request]
+            try:
+                logits = self.runner.forward([inputs[i] for i in mine])
+            except Exception as exc:
+                self._fail(request, f"forward failed: {exc}")
+                continue
+            kept_work.extend(work[i] for i in mine)
+            kept_inputs.extend(inputs[i] for i in mine)
+            kept_logits.extend(logits)
+        return kept_work, kept_inputs, kept_logits
+
+    def _sample_isolating(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
+        self._sampling_key = ()
+        for request in {id(e[0]): e[0] for e in entries}.values():
+            try:
+                self._sample([e for e in entries if e[0] is request])
+            except Exception as exc:
+                logger.exception("request %s failed while sampling", request.request_id)
+                self._fail(request, f"sampling failed: {exc}")
+            finally:
+                self._sampling_key = ()
 
     def _plan(self) -> tuple[list[_Work], list[RowInput]]:
         work: list[_Work] = []
@@ -197,12 +226,11 @@ class Engine:
             ]
         targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
         request.prompt_logprobs.extend(
-            prompt_logprob_entries(
-                logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text
-            )
+            prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text)
         )
 
     def _sample(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
+        """Pick every row's next token in one batched pass, then commit them row by row."""
         rows = [row for _, row, _ in entries]
         key = tuple(id(row) for row in rows)
         if key != self._sampling_key or self._sampling_batch is None:
@@ -212,29 +240,34 @@ class Engine:
         batch = self._sampling_batch
         token_ids = batch.sample(batch.process(logits))
         now = time.monotonic()
+        tokens_by_strategy: dict[str, int] = {}
         gaps: dict[str, list[float]] = {}
         for i, (request, row, _) in enumerate(entries):
-            token = token_ids[i]
+            if request.error is not None:
+                continue
             strategy = request.params.strategy.value
-            if request.first_token_time is None:
-                request.first_token_time = now
-                self.observer.on_first_token(strategy, now - request.arrival_time)
+            tokens_by_strategy[strategy] = tokens_by_strategy.get(strategy, 0) + 1
             if row.last_token_time is not None:
                 gaps.setdefault(strategy, []).append(now - row.last_token_time)
-            else:
-                gaps.setdefault(strategy, [])
-            row.last_token_time = now
-            row.output_ids.append(token)
-            row.pending_ids.append(token)
-            row.sampling.append(token)
-            if request.params.logprobs is not None:
-                row.pending_logprobs.append(
-                    token_logprob(logits[i], token, request.params.logprobs, self._token_text)
-                )
-            self._check_stop(request, row, token)
-        for strategy, strategy_gaps in gaps.items():
-            count = sum(1 for request, _, _ in entries if request.params.strategy.value == strategy)
-            self.observer.on_tokens(strategy, count, strategy_gaps)
+            try:
+                self._commit_token(request, row, token_ids[i], logits[i], now)
+            except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
+                logger.exception("request %s failed", request.request_id)
+                self._fail(request, str(exc))
+        for strategy, count in tokens_by_strategy.items():
+            self.observer.on_tokens(strategy, count, gaps.get(strategy, []))
+
+    def _commit_token(self, request: Request, row: Row, token: int, logits: torch.Tensor, now: float) -> None:
+        if request.first_token_time is None:
+            request.first_token_time = now
+            self.observer.on_first_token(request.params.strategy.value, now - request.arrival_time)
+        row.last_token_time = now
+        row.output_ids.append(token)
+        row.pending_ids.append(token)
+        row.sampling.append(token)
+        if request.params.logprobs is not None:
+            row.pending_logprobs.append(token_logprob(logits, token, request.params.logprobs, self._token_text))
+        self._check_stop(request, row, token)
 
     def _check_stop(self, request: Request, row: Row, token: int) -> None:
         params = request.params
@@ -302,11 +335,7 @@ class Engine:
                 num_prompt_tokens=len(request.prompt_ids),
                 num_generated_tokens=request.num_generated,
             )
-            if (
-                request.prompt_logprobs is not None
-                and request.prefill_done
-                and not request.prompt_logprobs_sent
-            ):
+            if request.prompt_logprobs is not None and request.prefill_done and not request.prompt_logprobs_sent:
                 output.prompt_logprobs = request.prompt_logprobs
                 request.prompt_logprobs_sent = True
             if request.finished:
@@ -320,9 +349,7 @@ class Engine:
 
     def _record_finish(self, request: Request, reason: FinishReason | None) -> None:
         reason = self.stats.record_finish(request, reason)
-        self.observer.on_finished(
-            request.params.strategy.value, reason.value, time.monotonic() - request.arrival_time
-        )
+        self.observer.on_finished(request.params.strategy.value, reason.value, time.monotonic() - request.arrival_time)
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)

