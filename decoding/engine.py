@@ -128,7 +128,6 @@ class Engine:
             logger.exception("batched forward failed; retrying request by request")
             work, inputs, all_logits = self._forward_isolating(work, inputs)
         self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
-        self.observer.on_step(len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
         to_sample: list[tuple[Request, Row, torch.Tensor]] = []
         for item, logits in zip(work, all_logits, strict=True):
             try:
@@ -144,6 +143,8 @@ class Engine:
                 logger.exception("batched sampling failed; retrying request by request")
                 self._sample_isolating(to_sample)
         self._report({id(w.request): w.request for w in work}.values())
+        # after finished requests left, so the gauges never show a stale batch
+        self.observer.on_step(len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
 
     def _forward_isolating(
         self, work: list[_Work], inputs: list[RowInput]

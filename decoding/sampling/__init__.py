@@ -1,0 +1,6 @@
+"""Batched logits processing and token picking; see batch.py for the order and the HF classes."""
+
+from decoding.sampling.batch import SamplingBatch
+from decoding.sampling.row_state import RowSamplingState, make_generator
+
+__all__ = ["RowSamplingState", "SamplingBatch", "make_generator"]

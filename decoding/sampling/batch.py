@@ -1,0 +1,228 @@
+"""Every row's logits knobs applied batched, in transformers' order, then greedy or sampled picks.
+
+``SamplingBatch.from_rows`` turns the per-row ``GenerationParams`` of the current batch into
+per-knob row indices and parameter tensors (built once per batch composition). ``process`` then
+applies each knob as one tensor op over exactly the rows that have it, so rows without the knob
+are bit-for-bit untouched, matching HF applying its processor only when the knob is set.
+
+Order (``GenerationMixin._get_logits_processor``): OpenAI ``logit_bias`` (where HF puts
+``sequence_bias``), ``repetition_penalty``, OpenAI presence/frequency penalties (right after
+HF's own repetition penalty, as vLLM applies them before temperature), ``no_repeat_ngram_size``,
+``bad_words_ids``, ``min_new_tokens``, ``suppress_tokens``; then, for sampling rows only,
+temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff with
+``min_tokens_to_keep=1``. Greedy rows get the processors but no warpers, like HF greedy search.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.sampling.row_state import RowSamplingState
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class _Knob:
+    rows: torch.Tensor  # [num_knob_rows] indices into the batch
+    values: torch.Tensor  # [num_knob_rows, 1] the knob's per-row parameter
+
+
+def _knob(rows: list[RowSamplingState], value_of, keep, device: torch.device) -> _Knob | None:  # noqa: ANN001
+    picked = [(i, value_of(r)) for i, r in enumerate(rows) if keep(r)]
+    if not picked:
+        return None
+    index = torch.tensor([i for i, _ in picked], dtype=torch.long, device=device)
+    values = torch.tensor([v for _, v in picked], dtype=torch.float32, device=device).unsqueeze(1)
+    return _Knob(index, values)
+
+
+class SamplingBatch:
+    def __init__(self, rows: list[RowSamplingState], device: torch.device) -> None:
+        self.rows = rows
+        self.device = device
+        sampling = [r.params.do_sample for r in rows]
+        self.sample_rows = [i for i, s in enumerate(sampling) if s]
+        self.greedy_rows = [i for i, s in enumerate(sampling) if not s]
+
+        def sampled(predicate):  # noqa: ANN001, ANN202
+            return lambda r: r.params.do_sample and predicate(r.params)
+
+        self.repetition = _knob(rows, lambda r: r.params.repetition_penalty, lambda r: r.seen is not None, device)
+        self.presence_frequency = [i for i, r in enumerate(rows) if r.counts is not None]
+        self.temperature = _knob(rows, lambda r: r.params.temperature, sampled(lambda p: p.temperature != 1.0), device)
+        self.top_k = _knob(rows, lambda r: r.params.top_k, sampled(lambda p: bool(p.top_k)), device)
+        # 1 - top_p in double precision first, rounded once, exactly as HF's Python-float threshold
+        self.top_p = _knob(rows, lambda r: 1 - r.params.top_p, sampled(lambda p: p.top_p < 1.0), device)
+        self.min_p = _knob(rows, lambda r: r.params.min_p, sampled(lambda p: p.min_p is not None), device)
+        self.typical_p = _knob(rows, lambda r: r.params.typical_p, sampled(lambda p: p.typical_p < 1.0), device)
+        self.epsilon = _knob(
+            rows, lambda r: r.params.epsilon_cutoff, sampled(lambda p: 0.0 < p.epsilon_cutoff < 1.0), device
+        )
+        self.eta = _knob(rows, lambda r: r.params.eta_cutoff, sampled(lambda p: 0.0 < p.eta_cutoff < 1.0), device)
+        # static bans and biases: (row, token) pairs fixed for the request's life
+        bias_rows, bias_tokens, bias_values = [], [], []
+        suppress_rows, suppress_tokens = [], []
+        for i, r in enumerate(rows):
+            for token, bias in (r.params.logit_bias or {}).items():
+                bias_rows.append(i)
+                bias_tokens.append(int(token))
+                bias_values.append(float(bias))
+            for token in r.params.suppress_tokens or []:
+                suppress_rows.append(i)
+                suppress_tokens.append(token)
+        self.bias = (
+            (torch.tensor(bias_rows), torch.tensor(bias_tokens), torch.tensor(bias_values)) if bias_rows else None
+        )
+        self.suppress = (torch.tensor(suppress_rows), torch.tensor(suppress_tokens)) if suppress_rows else None
+        self.history_rows = [
+            i for i, r in enumerate(rows) if r.ngrams is not None or r.params.bad_words_ids or r.params.min_new_tokens
+        ]
+        self.needs_processing = any(
+            x is not None
+            for x in (self.repetition, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p)
+            + (self.epsilon, self.eta, self.bias, self.suppress)
+        ) or bool(self.presence_frequency or self.history_rows)
+
+    @classmethod
+    def from_rows(cls, rows: list[RowSamplingState], device: torch.device | str = "cpu") -> SamplingBatch:
+        return cls(rows, torch.device(device))
+
+    # ---- processing ---------------------------------------------------------------------------------
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """``logits``: ``[num_rows, vocab_size]`` float32 raw logits; returns processed scores."""
+        if not self.needs_processing:
+            return logits
+        scores = logits.clone()
+        if self.bias is not None:
+            rows, tokens, values = self.bias
+            scores.index_put_((rows, tokens), values.to(scores.dtype), accumulate=True)
+        if self.repetition is not None:
+            self._apply(scores, self.repetition, self._repetition_penalty)
+        if self.presence_frequency:
+            index = torch.tensor(self.presence_frequency)
+            counts = torch.stack([self.rows[i].counts for i in self.presence_frequency])  # [n, vocab_size]
+            presence = torch.tensor([self.rows[i].params.presence_penalty for i in self.presence_frequency])
+            frequency = torch.tensor([self.rows[i].params.frequency_penalty for i in self.presence_frequency])
+            scores[index] -= frequency[:, None] * counts + presence[:, None] * (counts > 0)
+        if self.history_rows:
+            self._history_bans(scores)
+        if self.suppress is not None:
+            scores[self.suppress] = NEG_INF
+        for knob, op in (
+            (self.temperature, _temperature),
+            (self.top_k, _top_k),
+            (self.top_p, _top_p),
+            (self.min_p, _min_p),
+            (self.typical_p, _typical_p),
+            (self.epsilon, _epsilon),
+            (self.eta, _eta),
+        ):
+            if knob is not None:
+                self._apply(scores, knob, op)
+        return scores
+
+    @staticmethod
+    def _apply(scores: torch.Tensor, knob: _Knob, op) -> None:  # noqa: ANN001
+        scores[knob.rows] = op(scores[knob.rows], knob.values)
+
+    def _repetition_penalty(self, scores: torch.Tensor, penalty: torch.Tensor) -> torch.Tensor:
+        # HF RepetitionPenaltyLogitsProcessor: every token present in input_ids, once
+        seen = torch.stack([self.rows[i].seen for i in self.repetition.rows.tolist()])  # [n, vocab_size]
+        penalized = torch.where(scores < 0, scores * penalty, scores / penalty)
+        return torch.where(seen, penalized, scores)
+
+    def _history_bans(self, scores: torch.Tensor) -> None:
+        rows, tokens = [], []
+        for i in self.history_rows:
+            row = self.rows[i]
+            banned = set(row.banned_ngram_tokens()) | set(row.banned_bad_words())
+            if row.num_generated < row.params.min_new_tokens:  # HF MinNewTokensLengthLogitsProcessor
+                banned.update(row.eos_token_ids)
+            rows.extend([i] * len(banned))
+            tokens.extend(banned)
+        if rows:
+            scores[torch.tensor(rows), torch.tensor(tokens)] = NEG_INF
+
+    # ---- picking ------------------------------------------------------------------------------------
+    def sample(self, scores: torch.Tensor) -> list[int]:
+        """Greedy rows: argmax. Sampling rows: one multinomial draw with the row's own generator."""
+        tokens = [0] * len(self.rows)
+        if self.greedy_rows:
+            if len(self.greedy_rows) == len(self.rows):
+                return scores.argmax(dim=-1).tolist()
+            picked = scores[self.greedy_rows].argmax(dim=-1).tolist()
+            for i, token in zip(self.greedy_rows, picked, strict=True):
+                tokens[i] = token
+        if self.sample_rows:
+            probs = torch.softmax(scores[self.sample_rows], dim=-1)  # [num_sample_rows, vocab_size]
+            for j, i in enumerate(self.sample_rows):
+                draw = torch.multinomial(probs[j : j + 1], num_samples=1, generator=self.rows[i].generator)
+                tokens[i] = int(draw)
+        return tokens
+
+
+# ---- warpers (HF's math, per-row parameters as [n, 1] tensors) -----------------------------------------
+def _temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+    return scores / temperature  # TemperatureLogitsWarper
+
+
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+    # TopKLogitsWarper: drop scores below the k-th largest
+    k = top_k.long().clamp(max=scores.shape[-1])  # [n, 1]
+    sorted_scores = torch.sort(scores, dim=-1, descending=True).values
+    kth = sorted_scores.gather(-1, k - 1)
+    return scores.masked_fill(scores < kth, NEG_INF)
+
+
+def _top_p(scores: torch.Tensor, tail_mass: torch.Tensor) -> torch.Tensor:
+    # TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - top_p (= tail_mass)
+    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
+    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
+    remove = cumulative <= tail_mass
+    remove[..., -1:] = False
+    remove = remove.scatter(1, sorted_indices, remove)
+    return scores.masked_fill(remove, NEG_INF)
+
+
+def _min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    # MinPLogitsWarper
+    probs = torch.softmax(scores, dim=-1)
+    remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
+    remove.scatter_(-1, torch.topk(probs, 1, dim=-1).indices, False)
+    return scores.masked_fill(remove, NEG_INF)
+
+
+def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+    # TypicalLogitsWarper
+    normalized = torch.log_softmax(scores, dim=-1)
+    p = torch.exp(normalized)
+    entropy = -(normalized * p).nansum(-1, keepdim=True)
+    shifted = torch.abs((-normalized) - entropy)
+    sorted_scores, sorted_indices = torch.sort(shifted, descending=False)
+    cumulative = scores.gather(-1, sorted_indices).softmax(dim=-1).cumsum(dim=-1)
+    last = (cumulative < mass).sum(dim=1).clamp_(max=sorted_scores.shape[-1] - 1)
+    remove = sorted_scores > sorted_scores.gather(1, last.view(-1, 1))
+    remove[..., :1] = False
+    remove = remove.scatter(1, sorted_indices, remove)
+    return scores.masked_fill(remove, NEG_INF)
+
+
+def _keep_top1(scores: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
+    return remove & (scores < torch.topk(scores, 1)[0][..., -1, None])
+
+
+def _epsilon(scores: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+    # EpsilonLogitsWarper
+    remove = _keep_top1(scores, scores.softmax(dim=-1) < epsilon)
+    return scores.masked_fill(remove, NEG_INF)
+
+
+def _eta(scores: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+    # EtaLogitsWarper: eta = min(epsilon, sqrt(epsilon) * exp(-entropy))
+    entropy = torch.distributions.Categorical(logits=scores).entropy()[:, None]
+    eta = torch.minimum(epsilon, torch.sqrt(epsilon) * torch.exp(-entropy))
+    remove = _keep_top1(scores, scores.softmax(dim=-1) < eta)
+    return scores.masked_fill(remove, NEG_INF)

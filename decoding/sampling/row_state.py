@@ -1,0 +1,89 @@
+"""What one row's sampling needs to remember between steps, kept incrementally.
+
+History-dependent knobs would otherwise rebuild ``[num_rows, seq_len]`` tensors every step.
+Instead each row keeps exactly what its knobs read, updated in O(1) per appended token:
+a ``[vocab]`` "seen" mask for ``repetition_penalty`` (prompt + output, as HF's
+``RepetitionPenaltyLogitsProcessor`` reads ``input_ids``), ``[vocab]`` counts of generated tokens
+for OpenAI's presence/frequency penalties, and an n-gram table for ``no_repeat_ngram_size``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.params import GenerationParams
+
+
+class RowSamplingState:
+    def __init__(
+        self,
+        params: GenerationParams,
+        prompt_ids: list[int],
+        eos_token_ids: list[int],
+        vocab_size: int,
+        generator: torch.Generator | None,
+    ) -> None:
+        self.params = params
+        self.eos_token_ids = list(eos_token_ids)
+        self.vocab_size = vocab_size
+        self.generator = generator
+        self.num_generated = 0
+        self.history: list[int] = list(prompt_ids)  # prompt + generated, as HF's input_ids
+        self.seen: torch.Tensor | None = None  # [vocab_size] bool
+        self.counts: torch.Tensor | None = None  # [vocab_size] float32, generated tokens only
+        self.ngrams: dict[tuple[int, ...], set[int]] | None = None
+        if params.repetition_penalty != 1.0:
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+            if prompt_ids:
+                self.seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+        if params.presence_penalty or params.frequency_penalty:
+            self.counts = torch.zeros(vocab_size, dtype=torch.float32)
+        if params.no_repeat_ngram_size > 0:
+            self.ngrams = {}
+            size = params.no_repeat_ngram_size
+            for end in range(size, len(self.history) + 1):
+                self._add_ngram(self.history[end - size : end])
+
+    def _add_ngram(self, ngram: list[int]) -> None:
+        self.ngrams.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])
+
+    def append(self, token_id: int) -> None:
+        self.num_generated += 1
+        self.history.append(token_id)
+        if self.seen is not None:
+            self.seen[token_id] = True
+        if self.counts is not None:
+            self.counts[token_id] += 1
+        if self.ngrams is not None and len(self.history) >= self.params.no_repeat_ngram_size:
+            self._add_ngram(self.history[-self.params.no_repeat_ngram_size :])
+
+    def banned_ngram_tokens(self) -> set[int]:
+        """Tokens that would repeat an n-gram (HF's NoRepeatNGramLogitsProcessor)."""
+        size = self.params.no_repeat_ngram_size
+        if self.ngrams is None or len(self.history) < size:
+            return set()
+        prefix = tuple(self.history[len(self.history) + 1 - size :]) if size > 1 else ()
+        return self.ngrams.get(prefix, set())
+
+    def banned_bad_words(self) -> list[int]:
+        """Last tokens of ``bad_words_ids`` sequences whose prefix ends the history (HF's NoBadWords)."""
+        banned = []
+        for words in self.params.bad_words_ids or []:
+            prefix = words[:-1]
+            if not prefix or (len(prefix) <= len(self.history) and self.history[-len(prefix) :] == prefix):
+                banned.append(words[-1])
+        return banned
+
+
+def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:
+    """A request's own generator: seeded requests reproduce whatever else shares the batch.
+
+    Seeded like ``torch.manual_seed(seed)``, so a batch-1 seeded request draws exactly what HF's
+    ``generate(do_sample=True)`` draws after ``torch.manual_seed(seed)``.
+    """
+    generator = torch.Generator(device=device)
+    if seed is None:
+        generator.seed()
+    else:
+        generator.manual_seed(seed)
+    return generator

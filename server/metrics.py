@@ -1,0 +1,104 @@
+"""Prometheus metrics with vLLM's names under a ``decoda_`` prefix, so dashboards translate.
+
+Request and token series carry a ``strategy`` label (greedy, sample, beam, ...), which no peer
+server offers. The engine reports through ``decoding.telemetry.EngineObserver`` from its worker
+thread; prometheus-client objects are thread-safe. Each app gets its own registry so tests (and
+several apps in one process) never collide.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from decoding.telemetry import EngineObserver
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0)
+E2E_BUCKETS = (0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 300.0)
+ROW_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 128, 256)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+# (name, meaning) — the README's metrics table is generated from the same words
+METRIC_DOCS = {
+    "decoda_time_to_first_token_seconds": "arrival to first generated token (histogram; label strategy)",
+    "decoda_inter_token_latency_seconds": "gap between consecutive tokens of one sequence (histogram; strategy)",
+    "decoda_e2e_request_latency_seconds": "arrival to last token (histogram; strategy)",
+    "decoda_request_queue_time_seconds": "arrival to admission into the batch (histogram; strategy)",
+    "decoda_num_requests_running": "requests holding KV slots (gauge)",
+    "decoda_num_requests_waiting": "requests queued for slots (gauge)",
+    "decoda_kv_cache_usage_perc": "fraction of KV slots in use, 0..1 (gauge)",
+    "decoda_prompt_tokens_total": "prompt tokens admitted (counter; strategy)",
+    "decoda_generation_tokens_total": "tokens generated (counter; strategy)",
+    "decoda_request_success_total": "finished requests (counter; finished_reason stop|length|abort|error, strategy)",
+    "decoda_batch_rows": "rows per batched forward (histogram)",
+}
+
+
+class Metrics(EngineObserver):
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+
+        def doc(name: str) -> str:
+            return METRIC_DOCS[name]
+
+        self.ttft = Histogram(
+            "decoda_time_to_first_token_seconds", doc("decoda_time_to_first_token_seconds"),
+            ["strategy"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "decoda_inter_token_latency_seconds", doc("decoda_inter_token_latency_seconds"),
+            ["strategy"], buckets=LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.e2e = Histogram(
+            "decoda_e2e_request_latency_seconds", doc("decoda_e2e_request_latency_seconds"),
+            ["strategy"], buckets=E2E_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.queue_time = Histogram(
+            "decoda_request_queue_time_seconds", doc("decoda_request_queue_time_seconds"),
+            ["strategy"], buckets=E2E_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.running = Gauge("decoda_num_requests_running", doc("decoda_num_requests_running"), registry=r)
+        self.waiting = Gauge("decoda_num_requests_waiting", doc("decoda_num_requests_waiting"), registry=r)
+        self.kv_usage = Gauge("decoda_kv_cache_usage_perc", doc("decoda_kv_cache_usage_perc"), registry=r)
+        # prometheus-client appends _total to counters itself
+        self.prompt_tokens = Counter(
+            "decoda_prompt_tokens", doc("decoda_prompt_tokens_total"), ["strategy"], registry=r
+        )
+        self.generation_tokens = Counter(
+            "decoda_generation_tokens", doc("decoda_generation_tokens_total"), ["strategy"], registry=r
+        )
+        self.success = Counter(
+            "decoda_request_success", doc("decoda_request_success_total"),
+            ["finished_reason", "strategy"], registry=r,
+        )  # fmt: skip
+        self.batch_rows = Histogram("decoda_batch_rows", doc("decoda_batch_rows"), buckets=ROW_BUCKETS, registry=r)
+
+    # ---- EngineObserver (worker thread) ------------------------------------------------------------
+    def on_admitted(self, strategy: str, queue_seconds: float, num_prompt_tokens: int) -> None:
+        self.queue_time.labels(strategy).observe(queue_seconds)
+        self.prompt_tokens.labels(strategy).inc(num_prompt_tokens)
+
+    def on_first_token(self, strategy: str, ttft_seconds: float) -> None:
+        self.ttft.labels(strategy).observe(ttft_seconds)
+
+    def on_tokens(self, strategy: str, num_tokens: int, inter_token_seconds: list[float]) -> None:
+        self.generation_tokens.labels(strategy).inc(num_tokens)
+        histogram = self.itl.labels(strategy)
+        for gap in inter_token_seconds:
+            histogram.observe(gap)
+
+    def on_finished(self, strategy: str, finished_reason: str, e2e_seconds: float) -> None:
+        self.success.labels(finished_reason, strategy).inc()
+        self.e2e.labels(strategy).observe(e2e_seconds)
+
+    def on_step(self, num_rows: int, num_running: int, num_waiting: int, kv_usage: float) -> None:
+        self.batch_rows.observe(num_rows)
+        self.running.set(num_running)
+        self.waiting.set(num_waiting)
+        self.kv_usage.set(kv_usage)
+
+    # ---- exposition ------------------------------------------------------------------------------
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
