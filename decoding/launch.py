@@ -13,6 +13,7 @@ from decoding.config import EngineConfig
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import load_model
 from decoding.telemetry import EngineObserver
+from decoding.weight_layout import transpose_linears
 from decoding.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -43,6 +44,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         attn_implementation=register_attention(),
     )
     model = loaded.model
+    transpose_linears(model)
     if config.compile:
         model.forward = torch.compile(model.forward, dynamic=True)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)

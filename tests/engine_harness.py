@@ -11,6 +11,7 @@ from decoding.attention import register_attention
 from decoding.engine import Engine, EngineLimits
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
+from decoding.weight_layout import transpose_linears
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, num_layers: int = 2) -> LlamaForCausalLM:
@@ -30,10 +31,12 @@ def tiny_llama(vocab_size: int, seed: int = 0, num_layers: int = 2) -> LlamaForC
     return LlamaForCausalLM(config).eval()
 
 
-def with_decoda_attention(model: torch.nn.Module) -> torch.nn.Module:
-    """A copy of ``model`` (its own config object) running Decoda's attention."""
+def as_served(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` (its own config object) as the server runs it: Decoda's attention and
+    weight layout."""
     ours = copy.deepcopy(model)
     ours.set_attn_implementation(register_attention())
+    transpose_linears(ours)
     return ours
 
 
@@ -50,7 +53,7 @@ class EngineHarness:
         self.outputs: dict[str, list[RequestOutput]] = {}
         limits = EngineLimits(max_model_len, max_num_seqs, max_num_batched_tokens)
         self.engine = Engine(
-            with_decoda_attention(model), tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu")
+            as_served(model), tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu")
         )
 
     def _collect(self, output: RequestOutput) -> None:
