@@ -119,3 +119,160 @@ def resolve_strategy(params: GenerationParams) -> Strategy:
     ):
         return Strategy.CONTRASTIVE
     return Strategy.SAMPLE if params.do_sample else Strategy.GREEDY
+
+
+# Strategies this engine serves today; a request resolving to another one is a clear 400.
+SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE}
+
+# The field that selects each strategy, named in the "not supported" error.
+_STRATEGY_FIELD = {
+    Strategy.ASSISTED: "assistant_model",
+    Strategy.DOLA: "dola_layers",
+    Strategy.BEAM: "num_beams",
+    Strategy.BEAM_SAMPLE: "num_beams",
+    Strategy.GROUP_BEAM: "num_beam_groups",
+    Strategy.CONTRASTIVE: "penalty_alpha",
+}
+
+
+def _check(ok: bool, param: str, message: str) -> None:
+    if not ok:
+        raise ParameterError(message, param=param)
+
+
+def _in_range(
+    params: GenerationParams, name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False
+) -> None:
+    value = getattr(params, name)
+    if value is None:
+        return
+    above = value > low if low_open else value >= low
+    below = value < high if high_open else value <= high
+    left, right = ("(" if low_open else "["), (")" if high_open else "]")
+    _check(above and below, name, f"{name} must be in {left}{low:g}, {high:g}{right}, got {value}")
+
+
+def validate(params: GenerationParams, *, max_num_beams: int = 8, max_n: int = 128) -> None:
+    """Complete validation of one request, once, before it reaches the worker.
+
+    Messages name the field, the allowed range and the value. Incompatible combinations are
+    errors: nothing a user sets is silently ignored.
+    """
+    _check(params.max_new_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {params.max_new_tokens}")
+    _check(params.min_new_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {params.min_new_tokens}")
+    _check(
+        params.min_new_tokens <= params.max_new_tokens,
+        "min_tokens",
+        f"min_tokens ({params.min_new_tokens}) must not exceed max_tokens ({params.max_new_tokens})",
+    )
+    _in_range(params, "temperature", 0, 100)
+    _in_range(params, "top_p", 0, 1, low_open=True)
+    _check(params.top_k is None or params.top_k >= 0, "top_k", f"top_k must be >= 0, got {params.top_k}")
+    _in_range(params, "min_p", 0, 1)
+    _in_range(params, "typical_p", 0, 1, low_open=True)
+    _in_range(params, "epsilon_cutoff", 0, 1, high_open=True)
+    _in_range(params, "eta_cutoff", 0, 1, high_open=True)
+    _check(
+        params.repetition_penalty > 0,
+        "repetition_penalty",
+        f"repetition_penalty must be > 0, got {params.repetition_penalty}",
+    )
+    _in_range(params, "presence_penalty", -2, 2)
+    _in_range(params, "frequency_penalty", -2, 2)
+    _check(
+        params.no_repeat_ngram_size >= 0,
+        "no_repeat_ngram_size",
+        f"no_repeat_ngram_size must be >= 0, got {params.no_repeat_ngram_size}",
+    )
+    _check(1 <= params.n <= max_n, "n", f"n must be in [1, {max_n}], got {params.n}")
+    if params.logprobs is not None:
+        _in_range(params, "logprobs", 0, 20)
+    if params.max_time is not None:
+        _check(params.max_time > 0, "max_time", f"max_time must be > 0, got {params.max_time}")
+    for token, bias in (params.logit_bias or {}).items():
+        _check(-100 <= bias <= 100, "logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for {token}")
+    for words in params.bad_words_ids or []:
+        _check(bool(words), "bad_words_ids", "bad_words_ids must not contain an empty list")
+    _check(all(s for s in params.stop), "stop", "stop strings must not be empty")
+    _validate_beams(params, max_num_beams)
+    _validate_special_strategies(params)
+    strategy = resolve_strategy(params)
+    if strategy not in SUPPORTED_STRATEGIES:
+        field_name = _STRATEGY_FIELD[strategy]
+        if strategy is Strategy.ASSISTED and params.assistant_model is None:
+            field_name = "prompt_lookup_num_tokens" if params.prompt_lookup_num_tokens else "assistant_early_exit"
+        raise ParameterError(
+            f"{strategy.value} decoding (selected by {field_name}) is not supported by this server yet",
+            param=field_name,
+            code="unsupported_strategy",
+        )
+    for name in ("generation_preset", "custom_generate"):
+        if getattr(params, name) is not None:
+            raise ParameterError(f"{name} is not supported by this server yet", param=name, code="unsupported")
+
+
+def _validate_beams(params: GenerationParams, max_num_beams: int) -> None:
+    _check(
+        1 <= params.num_beams <= max_num_beams,
+        "num_beams",
+        f"num_beams must be in [1, {max_num_beams}], got {params.num_beams}",
+    )
+    _check(
+        params.num_beam_groups >= 1, "num_beam_groups", f"num_beam_groups must be >= 1, got {params.num_beam_groups}"
+    )
+    _check(
+        params.num_beams % params.num_beam_groups == 0,
+        "num_beam_groups",
+        f"num_beams ({params.num_beams}) must be divisible by num_beam_groups ({params.num_beam_groups})",
+    )
+    _check(
+        params.diversity_penalty == 0 or params.num_beam_groups > 1,
+        "diversity_penalty",
+        "diversity_penalty requires num_beam_groups > 1",
+    )
+    _check(
+        not (params.do_sample and params.num_beam_groups > 1),
+        "num_beam_groups",
+        "diverse beam search (num_beam_groups > 1) cannot be combined with do_sample",
+    )
+    _check(
+        1 <= params.num_return_sequences <= params.num_beams or params.num_beams == 1,
+        "num_return_sequences",
+        f"num_return_sequences ({params.num_return_sequences}) must not exceed num_beams ({params.num_beams})",
+    )
+    _check(
+        params.early_stopping in (True, False, "never"),
+        "early_stopping",
+        f'early_stopping must be true, false or "never", got {params.early_stopping!r}',
+    )
+    if params.num_beams > 1:
+        _check(params.n <= params.num_beams, "n", f"n ({params.n}) must not exceed num_beams ({params.num_beams})")
+
+
+def _validate_special_strategies(params: GenerationParams) -> None:
+    _in_range(params, "penalty_alpha", 0, 1)
+    dola = params.dola_layers
+    if dola is not None:
+        _check(
+            dola in ("low", "high") or (isinstance(dola, list) and all(isinstance(i, int) for i in dola)),
+            "dola_layers",
+            f'dola_layers must be "low", "high" or a list of layer indices, got {dola!r}',
+        )
+        _check(params.num_beams == 1, "dola_layers", "dola_layers cannot be combined with num_beams > 1")
+        _check(params.penalty_alpha is None, "dola_layers", "dola_layers cannot be combined with penalty_alpha")
+    assisted = params.assistant_model is not None or params.prompt_lookup_num_tokens is not None
+    assisted = assisted or params.assistant_early_exit is not None
+    if assisted:
+        _check(params.num_beams == 1, "num_beams", "assisted decoding cannot be combined with num_beams > 1")
+        _check(params.penalty_alpha is None, "penalty_alpha", "assisted decoding cannot be combined with penalty_alpha")
+        _check(dola is None, "dola_layers", "assisted decoding cannot be combined with dola_layers")
+    for name in ("prompt_lookup_num_tokens", "assistant_early_exit", "num_assistant_tokens", "max_matching_ngram_size"):
+        value = getattr(params, name)
+        _check(value is None or value >= 1, name, f"{name} must be >= 1, got {value}")
+    schedule = params.num_assistant_tokens_schedule
+    _check(
+        schedule in (None, "constant", "heuristic", "heuristic_transient"),
+        "num_assistant_tokens_schedule",
+        f"num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got {schedule!r}",
+    )
+    _in_range(params, "assistant_confidence_threshold", 0, 1)

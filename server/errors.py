@@ -1,0 +1,116 @@
+"""Every error leaves in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+
+Handlers map validation problems to 400 naming the field, unknown models to 404, a full queue to
+429 with ``Retry-After``, and anything unexpected to a 500 that names the request id without
+leaking a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from decoding import EngineUnavailableError, ParameterError, QueueFullError
+
+logger = logging.getLogger(__name__)
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type_: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type_, param, code
+        self.headers = headers or {}
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def from_exception(exc: Exception, request_id: str | None = None) -> APIError:
+    """The API error a known engine exception stands for; a 500 naming the request for the rest."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ParameterError):
+        status = 404 if exc.code == "model_not_found" else 400
+        return APIError(status, exc.message, param=exc.param, code=exc.code)
+    if isinstance(exc, QueueFullError):
+        retry = str(max(1, round(exc.retry_after)))
+        return APIError(429, str(exc), type_="rate_limit_error", code="queue_full", headers={"Retry-After": retry})
+    if isinstance(exc, EngineUnavailableError):
+        return APIError(503, str(exc), type_="service_unavailable", code="unavailable", headers={"Retry-After": "5"})
+    request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
+    logger.exception("request %s failed", request_id, exc_info=exc)
+    return APIError(500, f"internal error while serving request {request_id}", type_="server_error", code="internal")
+
+
+def _field_name(loc: tuple) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    # union branches add type names to the location; the user's field is the first part
+    return parts[0] if parts else None
+
+
+def _validation_error(exc: RequestValidationError) -> APIError:
+    errors = exc.errors()
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    field = _field_name(tuple(first.get("loc", ())))
+    kind = first.get("type", "")
+    if kind == "json_invalid":
+        return APIError(400, f"malformed JSON body: {first.get('msg')}", code="invalid_json")
+    if kind == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {field}", param=field, code="unknown_field")
+    if kind == "missing":
+        return APIError(400, f"missing required field: {field}", param=field, code="missing_field")
+    if field is None and kind in ("model_attributes_type", "dict_type"):
+        return APIError(400, "the request body must be a JSON object", code="invalid_json")
+    message = first.get("msg", "invalid value")
+    if "ctx" in first and isinstance(first["ctx"].get("error"), ParameterError):
+        error = first["ctx"]["error"]
+        return APIError(400, error.message, param=error.param or field, code=error.code)
+    value = first.get("input")
+    try:
+        shown = json.dumps(value)[:80]
+    except (TypeError, ValueError):
+        shown = repr(value)[:80]
+    return APIError(400, f"{field}: {message}, got {shown}", param=field, code="invalid_value")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(APIError)
+    async def _api_error(_: Request, exc: APIError) -> JSONResponse:
+        return exc.response()
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _validation_error(exc).response()
+
+    @app.exception_handler(ParameterError)
+    async def _parameter(_: Request, exc: ParameterError) -> JSONResponse:
+        return from_exception(exc).response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        kind = "not_found" if exc.status_code == 404 else "http_error"
+        return APIError(exc.status_code, str(exc.detail), code=kind, headers=exc.headers).response()
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc).response()

@@ -1,0 +1,266 @@
+"""OpenAI request bodies plus every GenerationConfig knob by its HF name, and their translation.
+
+Models forbid unknown fields (a typo like ``num_beam`` is a 400 naming it) and are strict about
+types. ``to_params`` applies OpenAI's meaning (temperature 0 is greedy, ``n``, ``stop``,
+``logprobs``) and the default precedence request > model generation_config > server default,
+then ``decoding.params.validate`` checks every knob once.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from decoding import GenerationParams, ParameterError
+from decoding.params import validate
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
+# knobs a model's generation_config.json may default (request > model > server default)
+MODEL_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty", "do_sample")
+WARPERS = ("top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(_Strict):
+    include_usage: bool = False
+
+
+class TextPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[TextPart] | None = None
+    name: str | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
+
+
+class GenerationFields(_Strict):
+    """Fields shared by both endpoints: OpenAI's, then transformers' GenerationConfig names."""
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # transformers GenerationConfig knobs
+    do_sample: bool | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    bad_words_ids: list[list[int]] | None = None
+    suppress_tokens: list[int] | None = None
+    min_new_tokens: int | None = None
+    min_tokens: int | None = None  # vLLM's name for min_new_tokens
+    max_new_tokens: int | None = None
+    max_time: float | None = None
+    num_beams: int | None = None
+    num_beam_groups: int | None = None
+    diversity_penalty: float | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
+    num_return_sequences: int | None = None
+    penalty_alpha: float | None = None
+    dola_layers: Literal["low", "high"] | list[int] | None = None
+    prompt_lookup_num_tokens: int | None = None
+    max_matching_ngram_size: int | None = None
+    num_assistant_tokens: int | None = None
+    num_assistant_tokens_schedule: str | None = None
+    assistant_confidence_threshold: float | None = None
+    assistant_early_exit: int | None = None
+    # serving extensions
+    assistant_model: str | None = None
+    generation_preset: str | None = None
+    custom_generate: str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    skip_special_tokens: bool = True
+
+    # ---- translation ---------------------------------------------------------------------------------
+    def _max_tokens(self, default: int | None) -> int | None:
+        given = {k: v for k, v in self._max_token_fields().items() if v is not None}
+        if len(set(given.values())) > 1:
+            names = " and ".join(given)
+            raise ParameterError(f"{names} disagree ({given}); give one", param=next(iter(given)))
+        return next(iter(given.values()), default)
+
+    def _max_token_fields(self) -> dict[str, int | None]:
+        return {"max_tokens": self.max_tokens, "max_new_tokens": self.max_new_tokens}
+
+    def requested_max_tokens(self) -> int | None:
+        return self._max_tokens(None)
+
+    def to_params(
+        self,
+        *,
+        default_max_tokens: int,
+        model_defaults: dict[str, Any] | None = None,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        max_num_beams: int = 8,
+    ) -> GenerationParams:
+        defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULTABLE}
+        set_fields = self.model_fields_set
+
+        def pick(name: str, server_default: Any) -> Any:
+            value = getattr(self, name)
+            if name in set_fields and value is not None:
+                return value
+            return defaults.get(name, server_default)
+
+        temperature = pick("temperature", 1.0)  # OpenAI's default: sample at temperature 1
+        explicit_sample = self.do_sample if "do_sample" in set_fields else None
+        if explicit_sample is None:
+            do_sample = (
+                temperature > 0 if "temperature" in set_fields else bool(defaults.get("do_sample", temperature > 0))
+            )
+        else:
+            do_sample = explicit_sample
+        if do_sample and temperature == 0:
+            raise ParameterError("temperature 0 means greedy decoding; it cannot be combined with do_sample=true",
+                                 param="temperature")  # fmt: skip
+        if not do_sample:
+            for name in WARPERS:
+                if name in set_fields and getattr(self, name) not in (None, 0):
+                    raise ParameterError(
+                        f"{name} only applies when sampling; this request is greedy (temperature 0 or do_sample false)",
+                        param=name,
+                    )
+        if self.min_new_tokens is not None and self.min_tokens is not None and self.min_new_tokens != self.min_tokens:
+            raise ParameterError("min_new_tokens and min_tokens disagree; give one", param="min_tokens")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        top_k = pick("top_k", None)
+        params = GenerationParams(
+            max_new_tokens=self._max_tokens(default_max_tokens),
+            min_new_tokens=self.min_new_tokens if self.min_new_tokens is not None else (self.min_tokens or 0),
+            ignore_eos=self.ignore_eos,
+            max_time=self.max_time,
+            do_sample=do_sample,
+            temperature=float(temperature) if do_sample else 1.0,
+            top_k=top_k or None,
+            top_p=float(pick("top_p", 1.0)),
+            min_p=pick("min_p", None),
+            typical_p=float(pick("typical_p", 1.0)),
+            epsilon_cutoff=self.epsilon_cutoff or 0.0,
+            eta_cutoff=self.eta_cutoff or 0.0,
+            repetition_penalty=float(pick("repetition_penalty", 1.0)),
+            no_repeat_ngram_size=self.no_repeat_ngram_size or 0,
+            bad_words_ids=self.bad_words_ids,
+            suppress_tokens=self.suppress_tokens,
+            num_beams=self.num_beams or 1,
+            num_beam_groups=self.num_beam_groups or 1,
+            diversity_penalty=self.diversity_penalty or 0.0,
+            length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
+            early_stopping=False if self.early_stopping is None else self.early_stopping,
+            num_return_sequences=self.num_return_sequences or 1,
+            penalty_alpha=self.penalty_alpha,
+            dola_layers=self.dola_layers,
+            prompt_lookup_num_tokens=self.prompt_lookup_num_tokens,
+            max_matching_ngram_size=self.max_matching_ngram_size,
+            num_assistant_tokens=self.num_assistant_tokens,
+            num_assistant_tokens_schedule=self.num_assistant_tokens_schedule,
+            assistant_confidence_threshold=self.assistant_confidence_threshold,
+            assistant_early_exit=self.assistant_early_exit,
+            assistant_model=self.assistant_model,
+            n=self.n,
+            seed=self.seed,
+            stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []),
+            logit_bias=_logit_bias(self.logit_bias),
+            presence_penalty=self.presence_penalty,
+            frequency_penalty=self.frequency_penalty,
+            logprobs=logprobs,
+            prompt_logprobs=prompt_logprobs,
+            skip_special_tokens=self.skip_special_tokens,
+            generation_preset=self.generation_preset,
+            custom_generate=self.custom_generate,
+        )
+        validate(params, max_num_beams=max_num_beams)
+        return params
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise ParameterError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return out
+
+
+class CompletionRequest(GenerationFields):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    echo: bool = False
+    logprobs: int | None = None
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def prompts_or_error(self) -> list[str | list[int]]:
+        if self.suffix is not None:
+            raise ParameterError("suffix is not supported", param="suffix")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ParameterError("best_of is not supported (use n, or num_beams for beam search)", param="best_of")
+        prompt = self.prompt
+        if isinstance(prompt, str):
+            prompts: list = [prompt]
+        elif prompt and all(isinstance(p, int) for p in prompt):
+            prompts = [prompt]
+        else:
+            prompts = list(prompt)
+        if not prompts or any(len(p) == 0 for p in prompts):
+            raise ParameterError("prompt must not be empty", param="prompt")
+        return prompts
+
+
+class ChatCompletionRequest(GenerationFields):
+    messages: list[ChatMessage] = Field(default_factory=list)
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def _max_token_fields(self) -> dict[str, int | None]:
+        return {**super()._max_token_fields(), "max_completion_tokens": self.max_completion_tokens}
+
+    def messages_or_error(self) -> list[dict[str, str]]:
+        if not self.messages:
+            raise ParameterError("messages must not be empty", param="messages")
+        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+
+    def logprobs_count(self) -> int | None:
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ParameterError("top_logprobs requires logprobs=true", param="top_logprobs")
+        if not self.logprobs:
+            return None
+        return self.top_logprobs or 0

@@ -1,0 +1,130 @@
+"""Server settings: the only module that reads environment variables.
+
+Precedence: command-line flag > ``DECODA_<NAME>`` environment variable > ``config/server.yaml``
+(or ``--config`` / ``DECODA_CONFIG``) > built-in default. One table drives all four, so a flag,
+its variable and its yaml key can never drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from decoding import EngineConfig
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "server.yaml"
+
+
+@dataclass
+class Settings:
+    model: str = field(
+        default="smollm2-135m-instruct", metadata={"help": "short name, HF folder, .gguf file or hub id"}
+    )
+    host: str = field(default="127.0.0.1", metadata={"help": "interface to bind"})
+    port: int = field(default=8000, metadata={"help": "TCP port"})
+    served_model_name: str | None = field(default=None, metadata={"help": "name in /v1/models (default: short name)"})
+    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
+    compile: bool = field(default=False, metadata={"help": "torch.compile the forward (slow start, faster decode)"})
+    max_model_len: int | None = field(
+        default=None, metadata={"help": "prompt + output limit (default min(model, 2048))"}
+    )
+    max_num_seqs: int = field(default=16, metadata={"help": "rows (KV slots) in the running batch"})
+    max_num_batched_tokens: int = field(default=512, metadata={"help": "token budget per forward (prefill chunking)"})
+    max_queue: int = field(default=256, metadata={"help": "waiting requests beyond this get 429"})
+    request_timeout: float | None = field(default=600.0, metadata={"help": "seconds per request; 0 disables"})
+    max_num_beams: int = field(default=8, metadata={"help": "largest num_beams a request may ask for"})
+    num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
+    cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
+    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on /v1/*"})
+    drain_timeout: float = field(default=30.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"})
+    log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig(
+            model=self.model,
+            served_model_name=self.served_model_name,
+            dtype=self.dtype,
+            device=self.device,
+            compile=self.compile,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_num_seqs,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+            max_queue=self.max_queue,
+            request_timeout=self.request_timeout or None,
+            max_num_beams=self.max_num_beams,
+            num_threads=self.num_threads,
+            cache_dir=self.cache_dir,
+        )
+
+
+def env_name(name: str) -> str:
+    return f"DECODA_{name.upper()}"
+
+
+def _kind(f: Any) -> type:
+    text = str(f.type)
+    for kind in (bool, int, float):
+        if kind.__name__ in text:
+            return kind
+    return str
+
+
+def _convert(kind: type, raw: Any, source: str) -> Any:
+    if raw is None or isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
+        return raw
+    text = str(raw).strip()
+    if text.lower() in ("", "none", "null"):
+        return None
+    if kind is bool:
+        if text.lower() in ("1", "true", "yes", "on"):
+            return True
+        if text.lower() in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{source}: expected true/false, got {raw!r}")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{source}: expected {kind.__name__}, got {raw!r}") from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default=None, help=f"YAML settings file (env DECODA_CONFIG; default {DEFAULT_CONFIG})"
+    )
+    for f in fields(Settings):
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f"{f.metadata.get('help', '')} [env {env_name(f.name)}; default {f.default}]"
+        if _kind(f) is bool:
+            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
+        else:
+            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
+
+
+def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Settings:
+    environ = dict(os.environ if environ is None else environ)
+    cli = vars(args) if args is not None else {}
+    config_path = cli.get("config") or environ.get("DECODA_CONFIG") or DEFAULT_CONFIG
+    from_file: dict[str, Any] = {}
+    if Path(config_path).exists():
+        from_file = yaml.safe_load(Path(config_path).read_text()) or {}
+        unknown = set(from_file) - {f.name for f in fields(Settings)}
+        if unknown:
+            raise ValueError(f"{config_path}: unknown settings {sorted(unknown)}")
+    elif cli.get("config") or environ.get("DECODA_CONFIG"):
+        raise ValueError(f"config file not found: {config_path}")
+    values: dict[str, Any] = {}
+    for f in fields(Settings):
+        kind = _kind(f)
+        if cli.get(f.name) is not None:
+            values[f.name] = _convert(kind, cli[f.name], "--" + f.name.replace("_", "-"))
+        elif env_name(f.name) in environ:
+            values[f.name] = _convert(kind, environ[env_name(f.name)], env_name(f.name))
+        elif f.name in from_file:
+            values[f.name] = _convert(kind, from_file[f.name], f"{config_path}:{f.name}")
+    return Settings(**values)
