@@ -106,6 +106,14 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _parameter(_: Request, exc: ParameterError) -> JSONResponse:
         return from_exception(exc).response()
 
+    @app.exception_handler(QueueFullError)
+    async def _queue_full(_: Request, exc: QueueFullError) -> JSONResponse:
+        return from_exception(exc).response()
+
+    @app.exception_handler(EngineUnavailableError)
+    async def _unavailable(_: Request, exc: EngineUnavailableError) -> JSONResponse:
+        return from_exception(exc).response()
+
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         kind = "not_found" if exc.status_code == 404 else "http_error"

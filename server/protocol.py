@@ -134,6 +134,8 @@ class GenerationFields(_Strict):
             return defaults.get(name, server_default)
 
         temperature = pick("temperature", 1.0)  # OpenAI's default: sample at temperature 1
+        if not 0 <= temperature <= 100:
+            raise ParameterError(f"temperature must be in [0, 100], got {temperature}", param="temperature")
         explicit_sample = self.do_sample if "do_sample" in set_fields else None
         if explicit_sample is None:
             do_sample = (

@@ -172,8 +172,8 @@ def _temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tenso
 def _top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
     # TopKLogitsWarper: drop scores below the k-th largest
     k = top_k.long().clamp(max=scores.shape[-1])  # [n, 1]
-    sorted_scores = torch.sort(scores, dim=-1, descending=True).values
-    kth = sorted_scores.gather(-1, k - 1)
+    largest = torch.topk(scores, int(k.max()), dim=-1).values  # sorted; far cheaper than a full sort
+    kth = largest.gather(-1, k - 1)
     return scores.masked_fill(scores < kth, NEG_INF)
 
 

@@ -1,0 +1,107 @@
+"""A torch-free EngineClient for HTTP tests: a word tokenizer and scripted outputs."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from decoding import (
+    EngineClient,
+    FinishReason,
+    GenerationParams,
+    ParameterError,
+    QueueFullError,
+    RequestOutput,
+    SequenceDelta,
+    ServedModel,
+    TokenLogprob,
+    TopLogprob,
+)
+
+WORDS = ["<eos>", "hello", "world", "foo", "bar", "baz", "the", "end"] + [f"w{i}" for i in range(92)]
+
+
+class FakeEngineClient(EngineClient):
+    """Generates ``WORDS[1], WORDS[2], ...`` (one word per step) for each choice."""
+
+    def __init__(self, *, delay: float = 0.0, fail: bool = False, queue_full: bool = False) -> None:
+        self.delay = delay
+        self.fail = fail
+        self.queue_full = queue_full
+        self.submitted: list[tuple[str, list[int], GenerationParams]] = []
+        self.aborted: list[str] = []
+        self.finished: list[str] = []
+
+    model_name = "fake-model"  # type: ignore[assignment]
+    max_model_len = 64  # type: ignore[assignment]
+    vocab_size = len(WORDS)  # type: ignore[assignment]
+
+    def served_models(self) -> list[ServedModel]:
+        return [ServedModel(self.model_name, "target", self.max_model_len)]
+
+    def is_ready(self) -> bool:
+        return True
+
+    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return [WORDS.index(w) if w in WORDS else 3 for w in text.split()]
+
+    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        return [t for m in messages for t in self.tokenize(m["content"])] + [6]
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(WORDS[t] for t in token_ids)
+
+    def check_params(self, params: GenerationParams) -> None:
+        if params.assistant_model is not None:
+            raise ParameterError(f"unknown assistant_model '{params.assistant_model}'", param="assistant_model",
+                                 code="model_not_found")  # fmt: skip
+
+    def generate(
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams
+    ) -> AsyncIterator[RequestOutput]:
+        if self.queue_full:
+            raise QueueFullError("the waiting queue is full", retry_after=2)
+        self.submitted.append((request_id, prompt_ids, params))
+        return self._run(request_id, prompt_ids, params)
+
+    async def _run(
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams
+    ) -> AsyncIterator[RequestOutput]:
+        done = False
+        try:
+            prompt_logprobs = None
+            if params.prompt_logprobs is not None:
+                prompt_logprobs = [
+                    TokenLogprob(t, WORDS[t], None if i == 0 else -1.0) for i, t in enumerate(prompt_ids)
+                ]
+            generated = 0
+            for step in range(params.max_new_tokens):
+                await asyncio.sleep(self.delay)
+                if self.fail:
+                    done = True
+                    yield RequestOutput(request_id, finished=True, error=f"request {request_id} failed: boom")
+                    return
+                token = 1 + step % 7
+                last = step == params.max_new_tokens - 1
+                deltas = []
+                for index in range(params.n):
+                    text = (" " if step else "") + WORDS[token]
+                    logprobs = None
+                    if params.logprobs is not None:
+                        top = [TopLogprob(token, WORDS[token], -0.5)][: params.logprobs]
+                        logprobs = [TokenLogprob(token, WORDS[token], -0.5, top)]
+                    deltas.append(SequenceDelta(index, text, [token], logprobs, FinishReason.LENGTH if last else None))
+                generated += params.n
+                output = RequestOutput(request_id, deltas, len(prompt_ids), generated, finished=last)
+                if step == 0:
+                    output.prompt_logprobs = prompt_logprobs
+                done = last
+                yield output
+        finally:
+            if done:
+                self.finished.append(request_id)
+            else:
+                self.aborted.append(request_id)
+
+    async def abort(self, request_id: str) -> None:
+        self.aborted.append(request_id)

@@ -1,0 +1,167 @@
+"""End to end: a real ``decoda serve`` process with the embedded model, driven by the openai client."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "smollm2-135m-instruct"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):  # smollm2: the model is converted into the cache before the server starts
+    port = free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-model-len", "1024",
+           "--max-queue", "64"]  # fmt: skip
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"server exited early:\n{proc.stdout.read()}")
+        try:
+            if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.3)
+    else:
+        proc.kill()
+        raise AssertionError("server did not become ready in 120 s")
+    yield base, proc
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    base, _ = server
+    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_lists_the_short_name(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_greedy_completion_matches_hf(client, smollm2):
+    from tests.engine_harness import hf_greedy
+
+    prompt = "The capital of France is"
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    expected = hf_greedy(smollm2.model, smollm2.tokenizer.encode(prompt), 12)
+    assert out.choices[0].text == smollm2.tokenizer.decode(expected, skip_special_tokens=True)
+    assert out.usage.completion_tokens == len(expected)
+    assert out.choices[0].finish_reason in ("stop", "length")
+
+
+def test_chat_completion_and_usage(client):
+    out = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Say hello."}], max_tokens=16, temperature=0
+    )
+    assert out.choices[0].message.role == "assistant"
+    assert out.choices[0].message.content
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+
+
+def test_streaming_chat_equals_non_streaming(client):
+    kwargs = dict(model=MODEL, messages=[{"role": "user", "content": "Count to five."}], max_tokens=24, temperature=0)
+    full = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(client.chat.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish and finish[-1] in ("stop", "length")
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+
+
+def test_seeded_sampling_with_extra_body_knobs_reproduces(client):
+    kwargs = dict(
+        model=MODEL,
+        prompt="Once upon a time",
+        max_tokens=16,
+        temperature=0.9,
+        seed=1234,
+        extra_body={"top_k": 40, "min_p": 0.05, "repetition_penalty": 1.1, "return_token_ids": True},
+    )
+    first = client.completions.create(**kwargs)
+    second = client.completions.create(**kwargs)
+    assert first.choices[0].text == second.choices[0].text
+    assert first.model_extra is not None or first.choices[0].model_extra
+
+
+def test_stop_string_is_not_in_the_output(client):
+    out = client.completions.create(model=MODEL, prompt="1, 2, 3, 4,", max_tokens=20, temperature=0, stop=[" 7"])
+    assert " 7" not in out.choices[0].text
+    assert out.choices[0].finish_reason == "stop"
+
+
+def test_unknown_field_is_a_400_naming_it(server):
+    base, _ = server
+    r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "hi", "num_beam": 2})
+    assert r.status_code == 400
+    assert r.json()["error"]["param"] == "num_beam"
+
+
+def test_bad_values_are_400s(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="hi", top_p=1.5)
+    assert err.value.body["param"] == "top_p"
+    with pytest.raises(openai.NotFoundError):
+        client.completions.create(model="no-such-model", prompt="hi")
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="hello " * 2000, max_tokens=8)
+    assert "context" in err.value.body["message"]
+
+
+def test_metrics_are_prometheus_text(server, client):
+    base, _ = server
+    client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0)
+    text = httpx.get(f"{base}/metrics").text
+    assert 'decoda_generation_tokens_total{strategy="greedy"}' in text
+    assert "decoda_time_to_first_token_seconds_bucket" in text
+
+
+def test_client_disconnect_aborts_the_request(server):
+    base, _ = server
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "stream": True,
+            "ignore_eos": True, "temperature": 0}  # fmt: skip
+
+    def aborted() -> float:
+        for line in httpx.get(f"{base}/metrics").text.splitlines():
+            if line.startswith('decoda_request_success_total{finished_reason="abort"'):
+                return float(line.split()[-1])
+        return 0.0
+
+    before = aborted()
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=30) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: "):
+                break  # hang up after the first chunk
+    deadline = time.monotonic() + 10
+    while aborted() == before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert aborted() == before + 1
