@@ -19,6 +19,7 @@ from server.errors import install_error_handlers
 from server.metrics import Metrics
 from server.routes import api, router
 from server.settings import Settings
+from server.streaming import close_remaining_streams, drain_streams_on_shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
             shutdown = getattr(client, "shutdown", None)
             if shutdown is not None and engine_client is None:
                 await shutdown(settings.drain_timeout)
+                close_remaining_streams()
 
     app = FastAPI(
         title="Decoda",
@@ -51,6 +53,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.engine = engine_client
+    drain_streams_on_shutdown()
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)

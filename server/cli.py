@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 
 from server.settings import add_arguments, load_settings
@@ -33,6 +34,9 @@ def main(argv: list[str] | None = None) -> None:
 
     from server.app import create_app
 
+    # uvicorn drains on SIGTERM, then re-raises the signal it captured; with the default handler
+    # that kills the process (exit -15). A no-op handler lets a drained server exit 0.
+    signal.signal(signal.SIGTERM, lambda *_: None)
     uvicorn.run(
         create_app(settings),
         host=settings.host,

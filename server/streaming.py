@@ -11,10 +11,25 @@ import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
 
+from sse_starlette.sse import AppStatus
+
 from decoding import RequestOutput
 from server.errors import from_exception
 
 DONE = "[DONE]"
+
+
+def drain_streams_on_shutdown() -> None:
+    """Let in-flight streams finish on SIGTERM instead of sse-starlette cutting them at once.
+
+    uvicorn already waits for open connections (up to ``drain_timeout``) before the lifespan
+    shutdown; ``close_remaining_streams`` then ends whatever is left.
+    """
+    AppStatus.disable_automatic_graceful_drain()
+
+
+def close_remaining_streams() -> None:
+    AppStatus.should_exit = True
 
 
 async def merge(streams: list[AsyncIterator[RequestOutput]]) -> AsyncIterator[tuple[int, RequestOutput]]:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -26,12 +28,10 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2):  # smollm2: the model is converted into the cache before the server starts
+def start_server(*flags: str) -> tuple[str, subprocess.Popen]:
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-model-len", "1024",
-           "--max-queue", "64"]  # fmt: skip
+    cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
@@ -40,20 +40,30 @@ def server(smollm2):  # smollm2: the model is converted into the cache before th
             raise AssertionError(f"server exited early:\n{proc.stdout.read()}")
         try:
             if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
-                break
+                return base, proc
         except httpx.HTTPError:
             pass
         time.sleep(0.3)
-    else:
-        proc.kill()
-        raise AssertionError("server did not become ready in 120 s")
-    yield base, proc
+    proc.kill()
+    raise AssertionError("server did not become ready in 120 s")
+
+
+def stop_server(proc: subprocess.Popen) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(30)
+            proc.wait(60)
         except subprocess.TimeoutExpired:
             proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+@pytest.fixture(scope="module")
+def server(smollm2):  # smollm2: the model is converted into the cache before the server starts
+    base, proc = start_server("--max-model-len", "1024", "--max-queue", "64")
+    yield base, proc
+    stop_server(proc)
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +175,42 @@ def test_client_disconnect_aborts_the_request(server):
     while aborted() == before and time.monotonic() < deadline:
         time.sleep(0.1)
     assert aborted() == before + 1
+
+
+def test_full_queue_answers_429_with_retry_after(smollm2):
+    base, proc = start_server("--max-num-seqs", "1", "--max-queue", "1")
+    try:
+        body = {"model": MODEL, "prompt": "Count:", "max_tokens": 60, "ignore_eos": True, "temperature": 0}
+
+        def send(_: int) -> httpx.Response:
+            return httpx.post(f"{base}/v1/completions", json=body, timeout=120)
+
+        with ThreadPoolExecutor(4) as pool:
+            responses = list(pool.map(send, range(4)))
+        codes = sorted(r.status_code for r in responses)
+        assert 429 in codes and 200 in codes and set(codes) <= {200, 429}, codes
+        rejected = next(r for r in responses if r.status_code == 429)
+        assert int(rejected.headers["retry-after"]) >= 1
+        assert rejected.json()["error"]["type"] == "rate_limit_error"
+    finally:
+        stop_server(proc)
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2):
+    base, proc = start_server()
+    body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 40, "ignore_eos": True, "temperature": 0,
+            "stream": True}  # fmt: skip
+    chunks = []
+    with httpx.stream("POST", f"{base}/v1/completions", json=body, timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: ") and not chunks:
+                proc.send_signal(signal.SIGTERM)  # mid-stream
+                time.sleep(0.3)
+                with pytest.raises(httpx.HTTPError):  # admission stopped: the listener is closed
+                    httpx.get(f"{base}/ready", timeout=2).raise_for_status()
+            if line.startswith("data: "):
+                chunks.append(line)
+    assert chunks[-1] == "data: [DONE]"
+    finish = [json.loads(c[6:]) for c in chunks[:-1]][-1]["choices"][0]["finish_reason"]
+    assert finish == "length"  # the in-flight request ran to its end
+    assert proc.wait(60) == 0

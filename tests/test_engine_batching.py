@@ -1,0 +1,94 @@
+"""Continuous batching: seeded requests, failures and timeouts stay with their own request."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from decoding.engine import EngineLimits
+from decoding.params import GenerationParams
+from tests.engine_harness import EngineHarness, tiny_llama
+
+EOS = 2
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_tokenizer):
+    return tiny_llama(len(smollm2_tokenizer), seed=4)
+
+
+def prompt(seed: int, length: int = 20) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, 49152) for _ in range(length)]
+
+
+SEEDED = GenerationParams(max_new_tokens=24, do_sample=True, temperature=0.9, top_p=0.95, seed=1234)
+
+
+def test_seeded_request_is_the_same_alone_and_in_a_crowd(model, smollm2_tokenizer):
+    alone = EngineHarness(model, smollm2_tokenizer, [EOS])
+    alone.add("seeded", prompt(0), SEEDED)
+    alone.run()
+
+    crowd = EngineHarness(model, smollm2_tokenizer, [EOS], max_num_batched_tokens=16)
+    for i in range(6):
+        knobs = {"do_sample": True, "seed": i} if i % 2 else {}
+        crowd.add(f"other{i}", prompt(100 + i, 5 + 7 * i), GenerationParams(max_new_tokens=10 + i, **knobs))
+    crowd.add("seeded", prompt(0), SEEDED)
+    crowd.add("late", prompt(200), GenerationParams(max_new_tokens=30, do_sample=True))
+    crowd.run()
+    assert crowd.token_ids("seeded") == alone.token_ids("seeded")
+    assert len(alone.token_ids("seeded")) > 0
+
+
+def test_a_request_that_raises_fails_alone(model, smollm2_tokenizer, monkeypatch):
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    for i in range(3):
+        harness.add(f"r{i}", prompt(i), GenerationParams(max_new_tokens=8, ignore_eos=True))
+    broken = harness.engine.requests["r1"].rows[0].sampling
+
+    def explode(token: int) -> None:
+        raise RuntimeError("injected failure")
+
+    monkeypatch.setattr(broken, "append", explode)
+    harness.run()
+    assert harness.outputs["r1"][-1].error and "r1" in harness.outputs["r1"][-1].error
+    for ok in ("r0", "r2"):
+        assert len(harness.token_ids(ok)) == 8 and harness.outputs[ok][-1].error is None
+    assert harness.engine.pool.num_free == harness.engine.pool.num_slots
+
+
+def test_a_broken_batched_forward_is_retried_request_by_request(model, smollm2_tokenizer, monkeypatch):
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    harness.add("good", prompt(1), GenerationParams(max_new_tokens=6, ignore_eos=True))
+    harness.add("bad", prompt(2), GenerationParams(max_new_tokens=6, ignore_eos=True))
+    runner = harness.engine.runner
+    real_forward = runner.forward
+    bad_slot = harness.engine.requests["bad"].rows[0]
+
+    def forward(inputs):  # noqa: ANN001, ANN202
+        if any(i.slot == bad_slot.slot for i in inputs):
+            raise RuntimeError("poisoned row")
+        return real_forward(inputs)
+
+    monkeypatch.setattr(runner, "forward", forward)
+    harness.run()
+    assert harness.outputs["bad"][-1].error
+    assert len(harness.token_ids("good")) == 6
+
+
+def test_request_timeout_and_max_time(model, smollm2_tokenizer):
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    harness.engine.limits = EngineLimits(256, 16, 512, request_timeout=0.0)
+    harness.add("late", prompt(3), GenerationParams(max_new_tokens=5))
+    harness.run()
+    assert "timed out" in harness.outputs["late"][-1].error
+
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    harness.add("slow", prompt(4), GenerationParams(max_new_tokens=200, ignore_eos=True, max_time=0.05))
+    with torch.inference_mode():
+        harness.run()
+    assert harness.finish_reason("slow") == "length"
+    assert len(harness.token_ids("slow")) < 200
