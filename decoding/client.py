@@ -28,6 +28,7 @@ class WorkerEngineClient(EngineClient):
         vocab_size: int,
         has_chat_template: bool,
         assistants: list[ServedModel] | None = None,
+        generation_defaults: dict | None = None,
     ) -> None:
         self.worker = worker
         self.tokenizer = tokenizer
@@ -37,6 +38,8 @@ class WorkerEngineClient(EngineClient):
         self._vocab_size = vocab_size
         self._has_chat_template = has_chat_template
         self._assistants = assistants or []
+        # the model's generation_config.json values; requests override them, they override server defaults
+        self.generation_defaults = dict(generation_defaults or {})
         self._draining = False
         self._lock = threading.Lock()
 

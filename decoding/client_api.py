@@ -48,6 +48,8 @@ class EngineClient(ABC):
     def max_model_len(self) -> int:
         """Prompt plus generated tokens may not exceed this."""
 
+    generation_defaults: dict = {}  # the model's generation_config.json knobs (request > these > server)
+
     @abstractmethod
     def served_models(self) -> list[ServedModel]: ...
 

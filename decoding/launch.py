@@ -75,4 +75,5 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_queue=config.max_queue,
         vocab_size=engine.vocab_size,
         has_chat_template=loaded.has_chat_template,
+        generation_defaults=loaded.generation_defaults,
     )

@@ -100,7 +100,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         check_context(client, len(ids), max_tokens, "prompt")
     params = body.to_params(
         default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
-        model_defaults=getattr(client, "generation_defaults", {}),
+        model_defaults=client.generation_defaults,
         logprobs=body.logprobs,
         prompt_logprobs=body.logprobs if body.echo and body.logprobs is not None else None,
     )
@@ -206,7 +206,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         check_context(client, len(prompt_ids), 1, "messages")
     params = body.to_params(
         default_max_tokens=remaining,
-        model_defaults=getattr(client, "generation_defaults", {}),
+        model_defaults=client.generation_defaults,
         logprobs=body.logprobs_count(),
     )
     client.check_params(params)

