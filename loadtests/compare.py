@@ -53,11 +53,12 @@ def converted_folder() -> Path | None:
     return next((f for f in folders if (f / "config.json").exists()), None)
 
 
-def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str] | str]:
-    """Command per server, or a string saying why it cannot run here."""
-    commands: dict[str, list[str] | str] = {
-        "decoda": [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
-                   "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024"],
+def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
+    """(command, model name to request) per server, or a string saying why it cannot run here."""
+    commands: dict[str, tuple[list[str], str] | str] = {
+        "decoda": ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+                    "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024"],
+                   "smollm2-135m-instruct"),
     }  # fmt: skip
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
     folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
@@ -66,18 +67,18 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, list[str] 
     elif folder is None:
         commands["transformers serve --continuous-batching"] = "no converted model folder (run Decoda once)"
     else:
-        commands["transformers serve --continuous-batching"] = [
+        commands["transformers serve --continuous-batching"] = ([
             transformers_cli, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
             "--port", str(port), str(folder),
-        ]  # fmt: skip
+        ], str(folder))  # fmt: skip
     llamacpp = Path(args.llamacpp_python)
     if not llamacpp.exists():
         commands["llama.cpp server (Q4_1)"] = "not installed"
     else:
-        commands["llama.cpp server (Q4_1)"] = [
+        commands["llama.cpp server (Q4_1)"] = ([
             str(llamacpp), "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--port", str(port),
             "--n_ctx", "4096", "--n_threads", "2",
-        ]  # fmt: skip
+        ], str(smollm2_gguf()))  # fmt: skip
     return commands
 
 
@@ -86,16 +87,19 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             return f"exited with {proc.returncode}"
-        try:
-            if httpx.get(f"{url}/v1/models", timeout=2).status_code == 200:
-                return None
-        except httpx.HTTPError:
-            pass
+        for path in ("/health", "/v1/models"):  # transformers serve's /v1/models needs a hub cache
+            try:
+                if httpx.get(f"{url}{path}", timeout=2).status_code == 200:
+                    return None
+            except httpx.HTTPError:
+                pass
         time.sleep(0.5)
     return f"not ready after {timeout:.0f} s"
 
 
-def measure(name: str, command: list[str], args: argparse.Namespace, port: int, log_dir: Path) -> list[dict]:
+def measure(
+    name: str, command: list[str], model: str, args: argparse.Namespace, port: int, log_dir: Path
+) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     log = open(log_dir / f"{name.split()[0]}.log", "w")  # noqa: SIM115 - closed below
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
@@ -110,10 +114,12 @@ def measure(name: str, command: list[str], args: argparse.Namespace, port: int, 
                  "--requests", str(concurrency * args.requests_per_client),
                  "--max-tokens", str(args.max_tokens), "--duration", str(args.duration)]
             )  # fmt: skip
-            load.model = None
+            load.model = model
             # one warm-up request so nobody pays lazy initialisation inside the measurement
-            asyncio.run(run_load(loadgen_parser().parse_args(["--url", url, "--concurrency", "1", "--requests", "1",
-                                                               "--max-tokens", "8"])))  # fmt: skip
+            warmup = loadgen_parser().parse_args(["--url", url, "--concurrency", "1", "--requests", "1",
+                                                  "--max-tokens", "8"])  # fmt: skip
+            warmup.model = model
+            asyncio.run(run_load(warmup))
             summary = asyncio.run(run_load(load))
             summary["server"] = name
             rows.append(summary)
@@ -203,14 +209,15 @@ def main() -> None:
     wanted = args.servers.split(",")
     rows: list[dict] = []
     problems: dict[str, str] = {}
-    for name, command in server_commands(args, free_port()).items():
+    for name, spec in server_commands(args, free_port()).items():
         if not any(name.startswith(w) for w in wanted):
             continue
-        if isinstance(command, str):
-            problems[name] = command
+        if isinstance(spec, str):
+            problems[name] = spec
             continue
+        command, model = spec
         port = int(command[command.index("--port") + 1])
-        for row in measure(name, command, args, port, log_dir):
+        for row in measure(name, command, model, args, port, log_dir):
             if "problem" in row:
                 problems[name] = row["problem"]
             else:

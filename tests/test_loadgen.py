@@ -1,0 +1,53 @@
+"""The load generator's accounting, against a real uvicorn serving the fake engine."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+
+import uvicorn
+
+from loadtests.loadgen import RequestResult, build_parser, percentile, run_load, summarize
+from server.app import create_app
+from server.settings import Settings
+from tests.fake_engine import FakeEngineClient
+
+
+def test_percentile_interpolates():
+    assert percentile([], 50) is None
+    assert percentile([3.0], 95) == 3.0
+    assert percentile([1.0, 2.0, 3.0, 4.0], 50) == 2.5
+    assert abs(percentile(list(range(101)), 95) - 95.0) < 1e-9
+
+
+def test_summarize_counts_only_successes():
+    results = [RequestResult(ttft=0.1, itls=[0.01, 0.03], e2e=1.0, output_tokens=10), RequestResult(error="boom")]
+    summary = summarize(results, wall=2.0, concurrency=2)
+    assert summary["errors"] == 1 and summary["output_tokens"] == 10 and summary["output_tok_s"] == 5.0
+    assert abs(summary["itl_p50"] - 0.02) < 1e-12 and summary["first_error"] == "boom"
+
+
+def test_against_a_real_server():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    config = uvicorn.Config(create_app(Settings(), FakeEngineClient(delay=0.01)), port=port, log_level="warning")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        args = build_parser().parse_args(
+            ["--url", f"http://127.0.0.1:{port}", "--concurrency", "3", "--requests", "6", "--max-tokens", "5",
+             "--ban-tokens", ""]
+        )  # fmt: skip
+        summary = asyncio.run(run_load(args))
+    finally:
+        server.should_exit = True
+        thread.join(10)
+    assert summary["errors"] == 0, summary["first_error"]
+    assert summary["requests"] == 6 and summary["output_tokens"] == 30
+    assert summary["ttft_p50"] >= 0.01 and summary["itl_p50"] >= 0.005
