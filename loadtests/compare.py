@@ -10,7 +10,7 @@ Writes ``loadtests/results/comparison.md`` (table, command, date) and ``comparis
 (throughput and TTFT p50 against concurrency). A peer that is missing or fails to start is
 recorded as such, not an error.
 
-    .venv/bin/python loadtests/compare.py --concurrency 1,4,16 --requests-per-client 4
+    .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 4
 """
 
 from __future__ import annotations
@@ -144,21 +144,24 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str) -> 
         "",
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (2 CPU cores, no GPU) with",
         f"`{command}`.",
-        "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, 128 output tokens per request (eos banned",
-        "through logit_bias so every server generates all of them). Decoda and transformers serve run the",
+        "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
+        "logit_bias (servers that ignore logit_bias stop earlier: see tokens/req; throughput counts the tokens",
+        "actually generated, from usage or one per streamed chunk). Decoda and transformers serve run the",
         "dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer bytes).",
         "",
-        "| server | conc | requests | errors | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms | e2e p50/p95 s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| server | conc | requests | errors | tokens/req | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms "
+        "| e2e p50/p95 s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
         lines.append(
-            f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | {r['output_tok_s']:.1f} | "
+            f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | "
+            f"{r['tokens_per_request']:.0f} | {r['output_tok_s']:.1f} | "
             f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} |"
         )
     for name, problem in problems.items():
-        lines.append(f"| {name} | - | - | - | {problem} | - | - | - |")
+        lines.append(f"| {name} | - | - | - | - | {problem} | - | - | - |")
     path = RESULTS / "comparison.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -222,7 +225,7 @@ def main() -> None:
                 problems[name] = row["problem"]
             else:
                 rows.append(row)
-    command_line = "python loadtests/compare.py " + " ".join(sys.argv[1:])
+    command_line = "python -m loadtests.compare " + " ".join(sys.argv[1:])
     print(write_markdown(rows, problems, command_line.strip()).read_text())
     plot = write_plot(rows)
     if plot:

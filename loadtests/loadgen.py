@@ -6,7 +6,7 @@ errors, and reports aggregate output tokens/s with p50/p95 of each latency. Loop
 URL must point at this machine. The run stops by itself after ``--requests`` requests or
 ``--duration`` seconds, whichever comes first.
 
-    .venv/bin/python loadtests/loadgen.py --url http://127.0.0.1:8000 --concurrency 16 --requests 64
+    .venv/bin/python -m loadtests.loadgen --url http://127.0.0.1:8000 --concurrency 16 --requests 64
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def summarize(results: list[RequestResult], wall: float, concurrency: int) -> di
         "wall_s": wall,
         "output_tokens": tokens,
         "output_tok_s": tokens / wall if wall else 0.0,
+        "tokens_per_request": tokens / len(ok) if ok else 0.0,
         "requests_s": len(ok) / wall if wall else 0.0,
         "ttft_p50": percentile(ttfts, 50),
         "ttft_p95": percentile(ttfts, 95),
@@ -88,9 +89,11 @@ async def one_request(client: AsyncOpenAI, model: str, prompt: str, args: argpar
                 stream=True, stream_options={"include_usage": True}, extra_body=extra, logit_bias=bias,
             )  # fmt: skip
             last = None
+            content_chunks = 0
             async for chunk in stream:
                 now = time.perf_counter()
                 if chunk.choices and chunk.choices[0].text:
+                    content_chunks += 1
                     if result.ttft is None:
                         result.ttft = now - start
                     else:
@@ -98,6 +101,8 @@ async def one_request(client: AsyncOpenAI, model: str, prompt: str, args: argpar
                     last = now
                 if chunk.usage is not None:
                     result.output_tokens = chunk.usage.completion_tokens
+            if not result.output_tokens:  # servers that ignore stream_options: one chunk per token
+                result.output_tokens = content_chunks
         else:
             out = await client.completions.create(
                 model=model,
@@ -142,13 +147,14 @@ def format_table(rows: list[dict]) -> str:
         return "-" if value is None else f"{value * 1000:.0f}"
 
     lines = [
-        "| conc | requests | errors | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms | e2e p50/p95 s |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| conc | requests | errors | tokens/req | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms | e2e p50/p95 s |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
         lines.append(
-            f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {r['output_tok_s']:.1f} | "
+            f"| {r['concurrency']} | {r['requests']} | {r['errors']} | {r['tokens_per_request']:.0f} | "
+            f"{r['output_tok_s']:.1f} | "
             f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} |"
         )
     return "\n".join(lines)

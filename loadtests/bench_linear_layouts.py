@@ -1,0 +1,47 @@
+"""How fast each phrasing of a float32 linear runs on this CPU, per number of tokens.
+
+Times one decode step's worth of SmolLM2-135M's linear shapes (30 layers x 7 projections plus the
+49152x576 LM head) with random weights; the figures behind ``decoding/weight_layout.py``.
+
+    .venv/bin/python loadtests/bench_linear_layouts.py
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+import torch.nn.functional as F
+
+LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
+SHAPES = LAYER * 30 + [(49152, 576)]
+
+
+def main() -> None:
+    weights = [torch.randn(o, i) for o, i in SHAPES]
+    transposed = [w.t().contiguous() for w in weights]
+    modes = {
+        "F.linear(x, W)": lambda x, w, wt: F.linear(x, w),
+        "x @ W_t": lambda x, w, wt: x @ wt,
+        "(W @ x.T).T": lambda x, w, wt: (w @ x.t()).t().contiguous(),
+    }
+    print(f"{'tokens':>6}  " + "  ".join(f"{m:>16}" for m in modes))
+    for tokens in (1, 2, 4, 8, 16, 32, 128):
+        inputs = {i: torch.randn(tokens, i) for i in (576, 1536)}
+        row = []
+        for fn in modes.values():
+
+            def step(fn=fn, inputs=inputs) -> None:  # noqa: ANN001
+                for (_, i), w, wt in zip(SHAPES, weights, transposed, strict=True):
+                    fn(inputs[i], w, wt)
+
+            step()
+            start = time.perf_counter()
+            for _ in range(3):
+                step()
+            row.append((time.perf_counter() - start) / 3 * 1000)
+        print(f"{tokens:>6}  " + "  ".join(f"{ms:>13.1f} ms" for ms in row))
+
+
+if __name__ == "__main__":
+    main()
