@@ -18,10 +18,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.util
+import json
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from datetime import UTC, datetime
 from pathlib import Path
@@ -53,6 +55,23 @@ def converted_folder() -> Path | None:
     return next((f for f in folders if (f / "config.json").exists()), None)
 
 
+def without_eos(folder: Path) -> Path:
+    """A view of ``folder`` whose configs name no eos token.
+
+    transformers serve ignores ``logit_bias``, so banning eos that way does not make it generate
+    ``max_tokens``; with no eos id it does, and every server then does the same work.
+    """
+    view = Path(tempfile.mkdtemp(prefix="decoda-no-eos-"))
+    for item in folder.iterdir():
+        if item.name in ("config.json", "generation_config.json"):
+            config = json.loads(item.read_text())
+            config["eos_token_id"] = None
+            (view / item.name).write_text(json.dumps(config, indent=1))
+        else:
+            (view / item.name).symlink_to(item)
+    return view
+
+
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
     """(command, model name to request) per server, or a string saying why it cannot run here."""
     commands: dict[str, tuple[list[str], str] | str] = {
@@ -67,10 +86,11 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list
     elif folder is None:
         commands["transformers serve --continuous-batching"] = "no converted model folder (run Decoda once)"
     else:
+        view = without_eos(folder)
         commands["transformers serve --continuous-batching"] = ([
             transformers_cli, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
-            "--port", str(port), str(folder),
-        ], str(folder))  # fmt: skip
+            "--port", str(port), str(view),
+        ], str(view))  # fmt: skip
     llamacpp = Path(args.llamacpp_python)
     if not llamacpp.exists():
         commands["llama.cpp server (Q4_1)"] = "not installed"
@@ -78,6 +98,7 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list
         commands["llama.cpp server (Q4_1)"] = ([
             str(llamacpp), "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--port", str(port),
             "--n_ctx", "4096", "--n_threads", "2",
+            "--interrupt_requests", "False",  # its default cuts a running stream when another request arrives
         ], str(smollm2_gguf()))  # fmt: skip
     return commands
 
@@ -145,8 +166,8 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str) -> 
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (2 CPU cores, no GPU) with",
         f"`{command}`.",
         "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
-        "logit_bias (servers that ignore logit_bias stop earlier: see tokens/req; throughput counts the tokens",
-        "actually generated, from usage or one per streamed chunk). Decoda and transformers serve run the",
+        "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
+        "tokens/req shows what each server generated). Decoda and transformers serve run the",
         "dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer bytes).",
         "",
         "| server | conc | requests | errors | tokens/req | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms "

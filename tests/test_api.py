@@ -124,7 +124,11 @@ def test_models_health_ready_metrics():
             assert (await http.get("/ready")).status_code == 200
             metrics = await http.get("/metrics")
             assert metrics.headers["content-type"].startswith("text/plain")
-            assert "# TYPE decoda_time_to_first_token_seconds histogram" in metrics.text
+            from server.metrics import METRIC_DOCS
+
+            for name in METRIC_DOCS:  # every documented series is exported, in Prometheus text format
+                base = name.removesuffix("_total")
+                assert f"# TYPE {base} " in metrics.text, name
 
     run(go())
 
