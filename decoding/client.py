@@ -29,7 +29,11 @@ class WorkerEngineClient(EngineClient):
         has_chat_template: bool,
         assistants: list[ServedModel] | None = None,
         generation_defaults: dict | None = None,
+        max_num_seqs: int = 16,
+        max_num_beams: int = 8,
     ) -> None:
+        self._max_num_seqs = max_num_seqs
+        self._max_num_beams = max_num_beams
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
@@ -95,6 +99,19 @@ class WorkerEngineClient(EngineClient):
         check_ids(params.suppress_tokens or [], "suppress_tokens")
         check_ids(list(params.logit_bias or {}), "logit_bias")
         check_ids(params.stop_token_ids, "stop_token_ids")
+        if params.num_beams > self._max_num_beams:
+            raise ParameterError(
+                f"num_beams must be at most {self._max_num_beams} on this server (--max-num-beams), "
+                f"got {params.num_beams}",
+                param="num_beams",
+            )
+        rows, field_name = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
+        if rows > self._max_num_seqs:
+            raise ParameterError(
+                f"{field_name} ({rows}) needs more rows than the server's batch holds (--max-num-seqs "
+                f"{self._max_num_seqs})",
+                param=field_name,
+            )
         known = {m.name for m in self._assistants}
         if params.assistant_model is not None and params.assistant_model not in known:
             raise ParameterError(

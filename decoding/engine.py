@@ -23,6 +23,7 @@ from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
 from decoding.scheduler import Scheduler
 from decoding.stats import StepStats
+from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam_search, plan_beam_rows
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
@@ -41,8 +42,9 @@ class EngineLimits:
 @dataclass
 class _Work:
     request: Request
-    row: Row | None  # None: a prompt chunk of the request (written into rows[0]'s slot)
+    row: Row | None  # None: a prompt chunk (written into the prefill slot) or a beam row
     num_tokens: int
+    beam: int | None = None  # the beam this decode row runs, for beam requests
 
 
 class Engine:
@@ -84,14 +86,27 @@ class Engine:
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
         generator = make_generator(params.seed, self.device) if params.do_sample else None
+        beam_search = params.num_beams > 1
         rows = []
         for index in range(params.n):
-            sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
+            sampling = None
+            if not beam_search:
+                sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
             streamer = DeltaStreamer(
                 self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
             )
             rows.append(Row(index=index, sampling=sampling, streamer=streamer))
         request = Request(request_id, list(prompt_ids), params, rows, generator=generator)
+        if beam_search:
+            request.beam = make_beam_search(
+                request,
+                sorted(self.eos_token_ids),
+                self.vocab_size,
+                self.limits.max_model_len,
+                generator,
+                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
+                self._token_text,
+            )
         if self.limits.request_timeout is not None:
             request.deadline = request.arrival_time + self.limits.request_timeout
         self.requests[request_id] = request
@@ -129,12 +144,19 @@ class Engine:
             work, inputs, all_logits = self._forward_isolating(work, inputs)
         self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
         to_sample: list[tuple[Request, Row, torch.Tensor]] = []
+        beam_logits: dict[int, tuple[Request, list[torch.Tensor]]] = {}
         for item, logits in zip(work, all_logits, strict=True):
+            if item.beam is not None:
+                beam_logits.setdefault(id(item.request), (item.request, []))[1].append(logits[-1])
+                continue
             try:
                 to_sample.extend(self._consume(item, logits))
             except Exception as exc:
                 logger.exception("request %s failed", item.request.request_id)
                 self._fail(item.request, str(exc))
+        for request, logits in beam_logits.values():
+            request.beam_num_cached += 1
+            self._advance_beams(request, torch.stack(logits), first=False)
         to_sample = [entry for entry in to_sample if entry[0].error is None]
         if to_sample:
             try:
@@ -183,6 +205,11 @@ class Engine:
         for request in self.scheduler.running:
             if not request.prefill_done:
                 continue
+            if request.beam is not None:
+                for beam, row_input in enumerate(plan_beam_rows(request)):
+                    work.append(_Work(request, None, 1, beam))
+                    inputs.append(row_input)
+                continue
             for row in request.rows:
                 if not row.finished:
                     work.append(_Work(request, row, 1))
@@ -197,7 +224,7 @@ class Engine:
             want_all = request.params.prompt_logprobs is not None
             logits_from = 0 if want_all else (len(chunk) - 1 if last else len(chunk))
             work.append(_Work(request, None, len(chunk)))
-            inputs.append(RowInput(request.rows[0].slot, start, chunk, logits_from))
+            inputs.append(RowInput(request.prefill_slot, start, chunk, logits_from))
             budget -= len(chunk)
         return work, inputs
 
@@ -212,12 +239,32 @@ class Engine:
             self._collect_prompt_logprobs(request, start, logits)
         if not request.prefill_done:
             return []
+        if request.beam is not None:
+            request.beam_num_cached = len(request.prompt_ids)
+            self._advance_beams(request, logits[-1].expand(request.params.num_beams, -1), first=True)
+            return []
         first = request.rows[0]
         for row in request.rows:
             if row is not first:
                 self.pool.copy_prefix(first.slot, row.slot, len(request.prompt_ids))
             row.num_cached = len(request.prompt_ids)
         return [(request, row, logits[-1]) for row in request.rows]
+
+    def _advance_beams(self, request: Request, logits: torch.Tensor, *, first: bool) -> None:
+        try:
+            if advance_beams(request, logits, self.pool, first=first):
+                self._finish_beams(request)
+        except Exception as exc:
+            logger.exception("request %s failed", request.request_id)
+            self._fail(request, str(exc))
+
+    def _finish_beams(self, request: Request) -> None:
+        num_tokens = finish_beams(request, self.eos_token_ids)
+        strategy = request.params.strategy.value
+        now = time.monotonic()
+        request.first_token_time = now
+        self.observer.on_first_token(strategy, now - request.arrival_time)
+        self.observer.on_tokens(strategy, num_tokens, [])
 
     def _collect_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
         # logits[i] predicts prompt token start + i + 1
@@ -298,6 +345,12 @@ class Engine:
                 and now - request.start_time >= request.params.max_time
             ):
                 # HF's MaxTimeCriteria: a graceful end, like running out of tokens
+                if request.beam is not None:
+                    if not request.finished:
+                        request.beam.finish_now()
+                        self._finish_beams(request)
+                    self._report([request])
+                    continue
                 for row in request.rows:
                     if not row.finished:
                         row.finish_reason = FinishReason.LENGTH

@@ -76,4 +76,6 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         vocab_size=engine.vocab_size,
         has_chat_template=loaded.has_chat_template,
         generation_defaults=loaded.generation_defaults,
+        max_num_seqs=config.max_num_seqs,
+        max_num_beams=config.max_num_beams,
     )

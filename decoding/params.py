@@ -122,7 +122,7 @@ def resolve_strategy(params: GenerationParams) -> Strategy:
 
 
 # Strategies this engine serves today; a request resolving to another one is a clear 400.
-SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE}
+SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE, Strategy.BEAM, Strategy.BEAM_SAMPLE}
 
 # The field that selects each strategy, named in the "not supported" error.
 _STRATEGY_FIELD = {
@@ -152,7 +152,7 @@ def _in_range(
     _check(above and below, name, f"{name} must be in {left}{low:g}, {high:g}{right}, got {value}")
 
 
-def validate(params: GenerationParams, *, max_num_beams: int = 8, max_n: int = 128) -> None:
+def validate(params: GenerationParams, *, max_num_beams: int | None = None, max_n: int = 128) -> None:
     """Complete validation of one request, once, before it reaches the worker.
 
     Messages name the field, the allowed range and the value. Incompatible combinations are
@@ -211,12 +211,15 @@ def validate(params: GenerationParams, *, max_num_beams: int = 8, max_n: int = 1
             raise ParameterError(f"{name} is not supported by this server yet", param=name, code="unsupported")
 
 
-def _validate_beams(params: GenerationParams, max_num_beams: int) -> None:
-    _check(
-        1 <= params.num_beams <= max_num_beams,
-        "num_beams",
-        f"num_beams must be in [1, {max_num_beams}], got {params.num_beams}",
-    )
+def _validate_beams(params: GenerationParams, max_num_beams: int | None) -> None:
+    """The server's own cap on num_beams (--max-num-beams) is checked by the engine client."""
+    _check(params.num_beams >= 1, "num_beams", f"num_beams must be >= 1, got {params.num_beams}")
+    if max_num_beams is not None:
+        _check(
+            params.num_beams <= max_num_beams,
+            "num_beams",
+            f"num_beams must be in [1, {max_num_beams}], got {params.num_beams}",
+        )
     _check(
         params.num_beam_groups >= 1, "num_beam_groups", f"num_beam_groups must be >= 1, got {params.num_beam_groups}"
     )
@@ -236,7 +239,7 @@ def _validate_beams(params: GenerationParams, max_num_beams: int) -> None:
         "diverse beam search (num_beam_groups > 1) cannot be combined with do_sample",
     )
     _check(
-        1 <= params.num_return_sequences <= params.num_beams or params.num_beams == 1,
+        params.num_return_sequences <= params.num_beams or params.num_beams == 1,
         "num_return_sequences",
         f"num_return_sequences ({params.num_return_sequences}) must not exceed num_beams ({params.num_beams})",
     )

@@ -38,6 +38,7 @@ class Row:
     pending_logprobs: list[TokenLogprob] = field(default_factory=list)
     reported_finish: bool = False
     last_token_time: float | None = None
+    sequence_score: float | None = None  # beam search: the final (length-penalised) score
 
     @property
     def finished(self) -> bool:
@@ -57,6 +58,7 @@ class Row:
         if self.finished and not self.reported_finish:
             delta.finish_reason = self.finish_reason
             delta.stop_reason = self.stop_reason
+            delta.sequence_score = self.sequence_score
             self.reported_finish = True
         return delta
 
@@ -77,6 +79,35 @@ class Request:
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
     error: str | None = None
+    # beam family: the search state, and the num_beams KV slots it works in (rows hold no slot)
+    beam: Any = None  # decoding.strategies.beam.BeamSearch
+    beam_slots: list[int] = field(default_factory=list)
+    beam_num_cached: int = 0
+    beam_next_tokens: list[int] = field(default_factory=list)
+
+    @property
+    def num_slots(self) -> int:
+        return self.params.num_beams if self.beam is not None else len(self.rows)
+
+    def assign_slots(self, slots: list[int]) -> None:
+        if self.beam is not None:
+            self.beam_slots = list(slots)
+        else:
+            for row, slot in zip(self.rows, slots, strict=True):
+                row.slot = slot
+
+    def release_slots(self) -> list[int]:
+        """Every slot this request holds, now given up."""
+        slots = [row.slot for row in self.rows if row.slot is not None] + self.beam_slots
+        for row in self.rows:
+            row.slot = None
+        self.beam_slots = []
+        return slots
+
+    @property
+    def prefill_slot(self) -> int:
+        """The slot the prompt is written into; other rows or beams copy it once prefilled."""
+        return self.beam_slots[0] if self.beam is not None else self.rows[0].slot
 
     @property
     def prefill_done(self) -> bool:

@@ -37,10 +37,9 @@ class Scheduler:
     def admit(self) -> list[Request]:
         """Move waiting requests to running, first come first served, while their rows fit."""
         admitted = []
-        while self.waiting and self.pool.num_free >= len(self.waiting[0].rows):
+        while self.waiting and self.pool.num_free >= self.waiting[0].num_slots:
             request = self.waiting.popleft()
-            for row in request.rows:
-                row.slot = self.pool.allocate()
+            request.assign_slots([self.pool.allocate() for _ in range(request.num_slots)])
             request.state = RequestState.RUNNING
             self.running.append(request)
             admitted.append(request)
@@ -55,8 +54,6 @@ class Scheduler:
             self.running.remove(request)
         elif request in self.waiting:
             self.waiting.remove(request)
-        for row in request.rows:
-            if row.slot is not None:
-                self.pool.free(row.slot)
-                row.slot = None
+        for slot in request.release_slots():
+            self.pool.free(slot)
         request.state = RequestState.FINISHED

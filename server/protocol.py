@@ -122,7 +122,7 @@ class GenerationFields(_Strict):
         model_defaults: dict[str, Any] | None = None,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
-        max_num_beams: int = 8,
+        max_num_beams: int | None = None,
     ) -> GenerationParams:
         defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULTABLE}
         set_fields = self.model_fields_set
@@ -155,6 +155,14 @@ class GenerationFields(_Strict):
                     )
         if self.min_new_tokens is not None and self.min_tokens is not None and self.min_new_tokens != self.min_tokens:
             raise ParameterError("min_new_tokens and min_tokens disagree; give one", param="min_tokens")
+        n = self.n
+        if self.num_return_sequences is not None:  # HF's name for OpenAI's n
+            if "n" in set_fields and self.n != self.num_return_sequences:
+                raise ParameterError(
+                    f"n ({self.n}) and num_return_sequences ({self.num_return_sequences}) disagree; give one",
+                    param="num_return_sequences",
+                )
+            n = self.num_return_sequences
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         top_k = pick("top_k", None)
         params = GenerationParams(
@@ -174,8 +182,8 @@ class GenerationFields(_Strict):
             no_repeat_ngram_size=self.no_repeat_ngram_size or 0,
             bad_words_ids=self.bad_words_ids,
             suppress_tokens=self.suppress_tokens,
-            num_beams=self.num_beams or 1,
-            num_beam_groups=self.num_beam_groups or 1,
+            num_beams=1 if self.num_beams is None else self.num_beams,
+            num_beam_groups=1 if self.num_beam_groups is None else self.num_beam_groups,
             diversity_penalty=self.diversity_penalty or 0.0,
             length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
             early_stopping=False if self.early_stopping is None else self.early_stopping,
@@ -189,7 +197,7 @@ class GenerationFields(_Strict):
             assistant_confidence_threshold=self.assistant_confidence_threshold,
             assistant_early_exit=self.assistant_early_exit,
             assistant_model=self.assistant_model,
-            n=self.n,
+            n=n,
             seed=self.seed,
             stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),

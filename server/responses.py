@@ -17,6 +17,7 @@ class ChoiceState:
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
+    sequence_score: float | None = None  # beam search, when logprobs were asked for
 
 
 @dataclass
@@ -40,6 +41,8 @@ class Collected:
             choice.logprobs.extend(delta.logprobs or [])
             if delta.finish_reason is not None:
                 choice.finish_reason = delta.finish_reason.value
+            if delta.sequence_score is not None:
+                choice.sequence_score = delta.sequence_score
 
 
 def now() -> int:

@@ -138,6 +138,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 }
                 if body.return_token_ids:
                     choice["token_ids"] = delta.token_ids
+                if delta.sequence_score is not None:
+                    choice["sequence_score"] = delta.sequence_score
                 chunks.append(_completion_chunk(request_id, created, body.model, [choice]))
             return chunks
 
@@ -172,6 +174,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
             }
             if body.return_token_ids:
                 choice["token_ids"] = state.token_ids if state else []
+            if state and state.sequence_score is not None:
+                choice["sequence_score"] = state.sequence_score
             choices.append(choice)
     prompt_tokens = sum(r.num_prompt_tokens for r in results)
     completion_tokens = sum(len(c.token_ids) for r in results for c in r.choices.values())
@@ -242,6 +246,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 if delta.finish_reason is not None:
                     final = {"index": delta.index, "delta": {}, "logprobs": None,
                              "finish_reason": delta.finish_reason.value}  # fmt: skip
+                    if delta.sequence_score is not None:
+                        final["sequence_score"] = delta.sequence_score
                     chunks.append(_chat_chunk(request_id, created, body.model, [final]))
             return chunks
 
@@ -267,6 +273,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         }
         if body.return_token_ids:
             choice["token_ids"] = state.token_ids if state else []
+        if state and state.sequence_score is not None:
+            choice["sequence_score"] = state.sequence_score
         choices.append(choice)
     completion_tokens = sum(len(c.token_ids) for c in collected.choices.values())
     return JSONResponse(

@@ -52,9 +52,7 @@ class EngineHarness:
     ) -> None:
         self.outputs: dict[str, list[RequestOutput]] = {}
         limits = EngineLimits(max_model_len, max_num_seqs, max_num_batched_tokens)
-        self.engine = Engine(
-            as_served(model), tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu")
-        )
+        self.engine = Engine(as_served(model), tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu"))
 
     def _collect(self, output: RequestOutput) -> None:
         self.outputs.setdefault(output.request_id, []).append(output)

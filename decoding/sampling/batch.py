@@ -40,9 +40,11 @@ def _knob(rows: list[RowSamplingState], value_of, keep, device: torch.device) ->
 
 
 class SamplingBatch:
-    def __init__(self, rows: list[RowSamplingState], device: torch.device) -> None:
+    def __init__(self, rows: list[RowSamplingState], device: torch.device, min_tokens_to_keep: int = 1) -> None:
         self.rows = rows
         self.device = device
+        # beam sampling keeps num_eos + 1 tokens through every warper, as HF does for num_beams > 1
+        self.min_tokens_to_keep = min_tokens_to_keep
         sampling = [r.params.do_sample for r in rows]
         self.sample_rows = [i for i, s in enumerate(sampling) if s]
         self.greedy_rows = [i for i, s in enumerate(sampling) if not s]
@@ -87,8 +89,10 @@ class SamplingBatch:
         ) or bool(self.presence_frequency or self.history_rows)
 
     @classmethod
-    def from_rows(cls, rows: list[RowSamplingState], device: torch.device | str = "cpu") -> SamplingBatch:
-        return cls(rows, torch.device(device))
+    def from_rows(
+        cls, rows: list[RowSamplingState], device: torch.device | str = "cpu", min_tokens_to_keep: int = 1
+    ) -> SamplingBatch:
+        return cls(rows, torch.device(device), min_tokens_to_keep)
 
     # ---- processing ---------------------------------------------------------------------------------
     def process(self, logits: torch.Tensor) -> torch.Tensor:
@@ -121,7 +125,7 @@ class SamplingBatch:
             (self.eta, _eta),
         ):
             if knob is not None:
-                self._apply(scores, knob, op)
+                scores[knob.rows] = op(scores[knob.rows], knob.values, self.min_tokens_to_keep)
         return scores
 
     @staticmethod
@@ -165,37 +169,37 @@ class SamplingBatch:
 
 
 # ---- warpers (HF's math, per-row parameters as [n, 1] tensors) -----------------------------------------
-def _temperature(scores: torch.Tensor, temperature: torch.Tensor) -> torch.Tensor:
+def _temperature(scores: torch.Tensor, temperature: torch.Tensor, keep: int = 1) -> torch.Tensor:
     return scores / temperature  # TemperatureLogitsWarper
 
 
-def _top_k(scores: torch.Tensor, top_k: torch.Tensor) -> torch.Tensor:
+def _top_k(scores: torch.Tensor, top_k: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # TopKLogitsWarper: drop scores below the k-th largest
-    k = top_k.long().clamp(max=scores.shape[-1])  # [n, 1]
+    k = top_k.long().clamp(min=keep, max=scores.shape[-1])  # [n, 1]
     largest = torch.topk(scores, int(k.max()), dim=-1).values  # sorted; far cheaper than a full sort
     kth = largest.gather(-1, k - 1)
     return scores.masked_fill(scores < kth, NEG_INF)
 
 
-def _top_p(scores: torch.Tensor, tail_mass: torch.Tensor) -> torch.Tensor:
+def _top_p(scores: torch.Tensor, tail_mass: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - top_p (= tail_mass)
     sorted_logits, sorted_indices = torch.sort(scores, descending=False)
     cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
     remove = cumulative <= tail_mass
-    remove[..., -1:] = False
+    remove[..., -keep:] = False
     remove = remove.scatter(1, sorted_indices, remove)
     return scores.masked_fill(remove, NEG_INF)
 
 
-def _min_p(scores: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+def _min_p(scores: torch.Tensor, min_p: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # MinPLogitsWarper
     probs = torch.softmax(scores, dim=-1)
     remove = probs < min_p * probs.amax(dim=-1, keepdim=True)
-    remove.scatter_(-1, torch.topk(probs, 1, dim=-1).indices, False)
+    remove.scatter_(-1, torch.topk(probs, min(keep, probs.shape[-1]), dim=-1).indices, False)
     return scores.masked_fill(remove, NEG_INF)
 
 
-def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
+def _typical_p(scores: torch.Tensor, mass: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # TypicalLogitsWarper
     normalized = torch.log_softmax(scores, dim=-1)
     p = torch.exp(normalized)
@@ -205,24 +209,24 @@ def _typical_p(scores: torch.Tensor, mass: torch.Tensor) -> torch.Tensor:
     cumulative = scores.gather(-1, sorted_indices).softmax(dim=-1).cumsum(dim=-1)
     last = (cumulative < mass).sum(dim=1).clamp_(max=sorted_scores.shape[-1] - 1)
     remove = sorted_scores > sorted_scores.gather(1, last.view(-1, 1))
-    remove[..., :1] = False
+    remove[..., :keep] = False
     remove = remove.scatter(1, sorted_indices, remove)
     return scores.masked_fill(remove, NEG_INF)
 
 
-def _keep_top1(scores: torch.Tensor, remove: torch.Tensor) -> torch.Tensor:
-    return remove & (scores < torch.topk(scores, 1)[0][..., -1, None])
+def _keep_top(scores: torch.Tensor, remove: torch.Tensor, keep: int) -> torch.Tensor:
+    return remove & (scores < torch.topk(scores, min(keep, scores.shape[-1]))[0][..., -1, None])
 
 
-def _epsilon(scores: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+def _epsilon(scores: torch.Tensor, epsilon: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # EpsilonLogitsWarper
-    remove = _keep_top1(scores, scores.softmax(dim=-1) < epsilon)
+    remove = _keep_top(scores, scores.softmax(dim=-1) < epsilon, keep)
     return scores.masked_fill(remove, NEG_INF)
 
 
-def _eta(scores: torch.Tensor, epsilon: torch.Tensor) -> torch.Tensor:
+def _eta(scores: torch.Tensor, epsilon: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # EtaLogitsWarper: eta = min(epsilon, sqrt(epsilon) * exp(-entropy))
     entropy = torch.distributions.Categorical(logits=scores).entropy()[:, None]
     eta = torch.minimum(epsilon, torch.sqrt(epsilon) * torch.exp(-entropy))
-    remove = _keep_top1(scores, scores.softmax(dim=-1) < eta)
+    remove = _keep_top(scores, scores.softmax(dim=-1) < eta, keep)
     return scores.masked_fill(remove, NEG_INF)

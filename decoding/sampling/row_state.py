@@ -44,6 +44,16 @@ class RowSamplingState:
             for end in range(size, len(self.history) + 1):
                 self._add_ngram(self.history[end - size : end])
 
+    def fork(self) -> RowSamplingState:
+        """An independent copy, for a beam that continues from this one (HF reorders input_ids)."""
+        twin = object.__new__(RowSamplingState)
+        twin.__dict__.update(self.__dict__)
+        twin.history = list(self.history)
+        twin.seen = None if self.seen is None else self.seen.clone()
+        twin.counts = None if self.counts is None else self.counts.clone()
+        twin.ngrams = None if self.ngrams is None else {k: set(v) for k, v in self.ngrams.items()}
+        return twin
+
     def _add_ngram(self, ngram: list[int]) -> None:
         self.ngrams.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])
 
