@@ -129,6 +129,40 @@ def test_stop_string_is_not_in_the_output(client):
     assert out.choices[0].finish_reason == "stop"
 
 
+def test_beam_search_returns_the_best_n_with_scores_and_streams_the_same(client, smollm2):
+    import torch
+
+    messages = [{"role": "user", "content": "Name a color."}]
+    beam = {"num_beams": 4, "early_stopping": True, "length_penalty": 0.8}
+    kwargs = dict(model=MODEL, messages=messages, max_tokens=16, temperature=0, n=2, extra_body=beam)
+    out = client.chat.completions.create(**kwargs, logprobs=True)
+    scores = [c.model_extra["sequence_score"] for c in out.choices]
+    assert scores == sorted(scores, reverse=True)
+    prompt = smollm2.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    prompt = list(prompt if isinstance(prompt, list) else prompt["input_ids"])
+    with torch.inference_mode():
+        ref = smollm2.model.generate(
+            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=16,
+            num_return_sequences=2, output_scores=True, return_dict_in_generate=True, do_sample=False, **beam,
+        )  # fmt: skip
+    expected = [smollm2.tokenizer.decode(s[len(prompt) :], skip_special_tokens=True) for s in ref.sequences]
+    assert [c.message.content for c in out.choices] == expected
+    assert scores == pytest.approx(ref.sequences_scores.tolist(), abs=1e-4)
+    chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    streamed = ["".join(c.choices[0].delta.content or "" for c in chunks if c.choices and c.choices[0].index == i)
+                for i in range(2)]  # fmt: skip
+    assert streamed == expected
+
+
+def test_beam_limits_are_400s(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="hi", temperature=0, extra_body={"num_beams": 9})
+    assert err.value.body["param"] == "num_beams"
+    with pytest.raises(openai.BadRequestError) as err:
+        client.completions.create(model=MODEL, prompt="hi", temperature=0, n=3, extra_body={"num_beams": 2})
+    assert err.value.body["param"] == "n"
+
+
 def test_unknown_field_is_a_400_naming_it(server):
     base, _ = server
     r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "hi", "num_beam": 2})
