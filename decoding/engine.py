@@ -73,6 +73,11 @@ class Engine:
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
+        self.eos_token_list = list(eos_token_ids)  # in the model's order: HF pads with the first
+        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
+        if isinstance(pad, list):
+            pad = pad[0] if pad else None
+        self.pad_token_id = pad if pad is not None else (self.eos_token_list[0] if self.eos_token_list else 0)
         self.vocab_size = model.config.get_text_config().vocab_size
         self.limits = limits
         self.emit = emit
@@ -100,7 +105,8 @@ class Engine:
         if beam_search:
             request.beam = make_beam_search(
                 request,
-                sorted(self.eos_token_ids),
+                self.eos_token_list,
+                self.pad_token_id,
                 self.vocab_size,
                 self.limits.max_model_len,
                 generator,

@@ -122,7 +122,7 @@ def resolve_strategy(params: GenerationParams) -> Strategy:
 
 
 # Strategies this engine serves today; a request resolving to another one is a clear 400.
-SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE, Strategy.BEAM, Strategy.BEAM_SAMPLE}
+SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE, Strategy.BEAM, Strategy.BEAM_SAMPLE, Strategy.GROUP_BEAM}
 
 # The field that selects each strategy, named in the "not supported" error.
 _STRATEGY_FIELD = {

@@ -95,14 +95,20 @@ class SamplingBatch:
         return cls(rows, torch.device(device), min_tokens_to_keep)
 
     # ---- processing ---------------------------------------------------------------------------------
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """``logits``: ``[num_rows, vocab_size]`` float32 raw logits; returns processed scores."""
-        if not self.needs_processing:
+    def process(self, logits: torch.Tensor, diversity_penalty: torch.Tensor | None = None) -> torch.Tensor:
+        """``logits``: ``[num_rows, vocab_size]`` float32 raw logits; returns processed scores.
+
+        ``diversity_penalty`` (``[vocab_size]``, diverse beam search) is subtracted from every row
+        right after the logit bias, where HF's ``HammingDiversityLogitsProcessor`` sits.
+        """
+        if not self.needs_processing and diversity_penalty is None:
             return logits
         scores = logits.clone()
         if self.bias is not None:
             rows, tokens, values = self.bias
             scores.index_put_((rows, tokens), values.to(scores.dtype), accumulate=True)
+        if diversity_penalty is not None:
+            scores -= diversity_penalty
         if self.repetition is not None:
             self._apply(scores, self.repetition, self._repetition_penalty)
         if self.presence_frequency:

@@ -18,18 +18,20 @@ from decoding.model_runner import RowInput
 from decoding.outputs import FinishReason
 from decoding.request import Request
 from decoding.strategies.beam import BeamSearch
+from decoding.strategies.group_beam import GroupBeamSearch
 from decoding.token_logprobs import TokenText, token_logprob
 
 
 def make_beam_search(
     request: Request,
     eos_token_ids: list[int],
+    pad_token_id: int,
     vocab_size: int,
     max_model_len: int,
     generator: torch.Generator | None,
     decode: Callable[[list[int]], str],
     token_text: TokenText,
-) -> BeamSearch:
+) -> BeamSearch | GroupBeamSearch:
     params = request.params
     stop_token_ids = set(params.stop_token_ids)
 
@@ -41,15 +43,21 @@ def make_beam_search(
     def logprob_entry(log_probs: torch.Tensor, token: int):  # noqa: ANN202
         return token_logprob(log_probs, token, params.logprobs, token_text)
 
+    max_new_tokens = min(params.max_new_tokens, max_model_len - len(request.prompt_ids))
+    logprobs = logprob_entry if params.logprobs is not None else None
+    if params.num_beam_groups > 1:
+        return GroupBeamSearch(
+            params, request.prompt_ids, eos_token_ids, pad_token_id, vocab_size, max_new_tokens, stops, logprobs
+        )
     return BeamSearch(
         params,
         request.prompt_ids,
         eos_token_ids,
         vocab_size,
-        max_new_tokens=min(params.max_new_tokens, max_model_len - len(request.prompt_ids)),
+        max_new_tokens=max_new_tokens,
         generator=generator,
         stops=stops,
-        token_logprob=logprob_entry if params.logprobs is not None else None,
+        token_logprob=logprobs,
     )
 
 
