@@ -79,7 +79,8 @@ def main() -> None:
     served = load_model(args.model, dtype="float32", attn_implementation=register_attention()).model
     transpose_linears(served)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=4 * args.num_beams, max_num_batched_tokens=512)
-    engine = Engine(served, copy.deepcopy(tokenizer), reference.eos_token_ids, limits, lambda _: None, torch.device("cpu"))
+    eos = reference.eos_token_ids
+    engine = Engine(served, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
     n, beams = args.new_tokens, args.num_beams
     print(f"model {args.model}, num_beams {beams}, {n} forced new tokens, median of {args.runs} runs after a warm-up")
 
