@@ -8,8 +8,9 @@ with the new keys/values, and this one:
 1. writes the new K/V into the pool at each token's own (slot, position);
 2. runs all single-token rows (decode steps) as ONE batched SDPA over a *view* of the pool's
    leading slots (no gather, no copy of anyone's cache), masking each row to its own length;
-3. runs each multi-token row (a prompt chunk, later a draft to verify) as its own SDPA with a
-   causal mask offset by the row's cached length.
+3. runs each multi-token row (a prompt chunk, a draft to verify) as its own SDPA with a causal
+   mask offset by the row's cached length, or, for contrastive-search candidates (sibling
+   tokens at one position), a mask that lets each see the prefix and itself only.
 
 It matches transformers' ``sdpa_attention_forward`` numerically up to float reassociation; the
 masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers).
@@ -33,11 +34,17 @@ ATTENTION_NAME = "decoda"
 
 @dataclass(frozen=True)
 class Segment:
-    """The tokens one row feeds this step: ``length`` tokens at positions ``start..start+length-1``."""
+    """The tokens one row feeds this step: ``length`` tokens at positions ``start..start+length-1``.
+
+    ``siblings``: the tokens are alternatives for the SAME position ``start`` (contrastive search
+    candidates): all get rotary position ``start``, each sees the row's prefix and itself only, and
+    their K/V land in scratch positions ``start..start+length-1`` until the caller keeps one.
+    """
 
     slot: int
     start: int
     length: int
+    siblings: bool = False
 
 
 class StepLayout:
@@ -55,13 +62,16 @@ class StepLayout:
         if segments[: len(self.decode)] != self.decode:
             raise ValueError("decode segments must come first")
         slots: list[int] = []
-        positions: list[int] = []
+        positions: list[int] = []  # where each token's K/V is written
+        rotary: list[int] = []  # the position the model sees
         for seg in segments:
             slots.extend([seg.slot] * seg.length)
             positions.extend(range(seg.start, seg.start + seg.length))
+            rotary.extend([seg.start] * seg.length if seg.siblings else range(seg.start, seg.start + seg.length))
         self.num_tokens = len(slots)
         self.token_slots = torch.tensor(slots, dtype=torch.long, device=device)  # [num_tokens]
-        self.token_positions = torch.tensor(positions, dtype=torch.long, device=device)  # [num_tokens]
+        self.cache_positions = torch.tensor(positions, dtype=torch.long, device=device)  # [num_tokens]
+        self.token_positions = torch.tensor(rotary, dtype=torch.long, device=device)  # [num_tokens]
         self.device = device
         self._masks: dict[tuple[str, int | None], torch.Tensor] = {}
         if self.decode:
@@ -97,9 +107,14 @@ class StepLayout:
             seg = self.multi[index]
             q = torch.arange(seg.start, seg.start + seg.length, device=self.device)
             kv = torch.arange(seg.start + seg.length, device=self.device)
-            mask = kv[None, :] <= q[:, None]
-            if sliding_window is not None:
-                mask &= kv[None, :] > q[:, None] - sliding_window
+            if seg.siblings:  # the shared prefix, then each candidate's own scratch position
+                mask = (kv[None, :] < seg.start) | (kv[None, :] == q[:, None])
+                if sliding_window is not None:
+                    mask &= (kv[None, :] > seg.start - sliding_window) | (kv[None, :] >= seg.start)
+            else:
+                mask = kv[None, :] <= q[:, None]
+                if sliding_window is not None:
+                    mask &= kv[None, :] > q[:, None] - sliding_window
             self._masks[key] = mask
         return self._masks[key]
 
@@ -168,8 +183,8 @@ def _attend(
     pool = layout.pool
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
     # [num_tokens, num_kv_heads, head_dim] written at (slot, position) of each token
-    layer_keys[layout.token_slots, :, layout.token_positions] = key[0].transpose(0, 1).to(layer_keys.dtype)
-    layer_values[layout.token_slots, :, layout.token_positions] = value[0].transpose(0, 1).to(layer_values.dtype)
+    layer_keys[layout.token_slots, :, layout.cache_positions] = key[0].transpose(0, 1).to(layer_keys.dtype)
+    layer_values[layout.token_slots, :, layout.cache_positions] = value[0].transpose(0, 1).to(layer_values.dtype)
 
     gqa = query.shape[1] != key.shape[1]
     outputs: list[torch.Tensor] = []

@@ -18,12 +18,14 @@ from decoding.detokenizer import token_text
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
 from decoding.outputs import FinishReason, RequestOutput, TokenLogprob
-from decoding.params import GenerationParams
+from decoding.params import GenerationParams, Strategy
 from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
 from decoding.scheduler import Scheduler
 from decoding.stats import StepStats
 from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam_search, plan_beam_rows
+from decoding.strategies.contrastive import MAX_CONTRASTIVE_TOP_K, ContrastiveSearch
+from decoding.strategies.dola import dola_candidate_layers, dola_contrast
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
@@ -65,7 +67,7 @@ class Engine:
             num_slots=limits.max_num_seqs,
             num_kv_heads=config.num_key_value_heads,
             head_dim=head_dim,
-            max_model_len=limits.max_model_len,
+            max_model_len=limits.max_model_len + MAX_CONTRASTIVE_TOP_K,  # + contrastive candidates' scratch
             dtype=next(model.parameters()).dtype,
             device=device,
         )
@@ -78,7 +80,10 @@ class Engine:
         if isinstance(pad, list):
             pad = pad[0] if pad else None
         self.pad_token_id = pad if pad is not None else (self.eos_token_list[0] if self.eos_token_list else 0)
-        self.vocab_size = model.config.get_text_config().vocab_size
+        self.vocab_size = config.vocab_size
+        self.num_layers = config.num_hidden_layers
+        self.tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = model.get_output_embeddings()
         self.limits = limits
         self.emit = emit
         self.device = device
@@ -102,6 +107,11 @@ class Engine:
             )
             rows.append(Row(index=index, sampling=sampling, streamer=streamer))
         request = Request(request_id, list(prompt_ids), params, rows, generator=generator)
+        if params.strategy is Strategy.CONTRASTIVE:
+            for row in rows:
+                row.contrastive = ContrastiveSearch(params.penalty_alpha, params.top_k)
+        if params.dola_layers is not None:
+            request.dola_layers = dola_candidate_layers(params.dola_layers, self.num_layers, self.tied_embeddings)
         if beam_search:
             request.beam = make_beam_search(
                 request,
@@ -151,12 +161,12 @@ class Engine:
         self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
         to_sample: list[tuple[Request, Row, torch.Tensor]] = []
         beam_logits: dict[int, tuple[Request, list[torch.Tensor]]] = {}
-        for item, logits in zip(work, all_logits, strict=True):
+        for item, row_input, logits in zip(work, inputs, all_logits, strict=True):
             if item.beam is not None:
                 beam_logits.setdefault(id(item.request), (item.request, []))[1].append(logits[-1])
                 continue
             try:
-                to_sample.extend(self._consume(item, logits))
+                to_sample.extend(self._consume(item, logits, row_input))
             except Exception as exc:
                 logger.exception("request %s failed", item.request.request_id)
                 self._fail(item.request, str(exc))
@@ -217,9 +227,19 @@ class Engine:
                     inputs.append(row_input)
                 continue
             for row in request.rows:
-                if not row.finished:
-                    work.append(_Work(request, row, 1))
-                    inputs.append(RowInput(row.slot, row.num_cached, [row.output_ids[-1]], 0))
+                if row.finished:
+                    continue
+                if row.contrastive is not None:  # the candidates, as siblings at one position
+                    candidates = row.contrastive.candidates
+                    work.append(_Work(request, row, len(candidates)))
+                    inputs.append(
+                        RowInput(row.slot, row.num_cached, candidates, 0, True, hidden_layers=(self.num_layers,))
+                    )
+                    continue
+                work.append(_Work(request, row, 1))
+                inputs.append(
+                    RowInput(row.slot, row.num_cached, [row.output_ids[-1]], 0, hidden_layers=self._hidden_for(request))
+                )
         budget = self.scheduler.prefill_budget(len(inputs))
         for request in self.scheduler.running:
             if request.prefill_done or budget <= 0:
@@ -230,19 +250,44 @@ class Engine:
             want_all = request.params.prompt_logprobs is not None
             logits_from = 0 if want_all else (len(chunk) - 1 if last else len(chunk))
             work.append(_Work(request, None, len(chunk)))
-            inputs.append(RowInput(request.prefill_slot, start, chunk, logits_from))
+            inputs.append(
+                RowInput(request.prefill_slot, start, chunk, logits_from, hidden_layers=self._hidden_for(request))
+            )
             budget -= len(chunk)
         return work, inputs
 
-    def _consume(self, item: _Work, logits: torch.Tensor) -> list[tuple[Request, Row, torch.Tensor]]:
+    def _hidden_for(self, request: Request) -> tuple[int, ...]:
+        if request.dola_layers is not None:
+            return tuple(request.dola_layers)
+        if request.params.strategy is Strategy.CONTRASTIVE:
+            return (self.num_layers,)
+        return ()
+
+    def _next_logits(self, request: Request, logits: torch.Tensor, row_input: RowInput) -> torch.Tensor:
+        """The ``[vocab_size]`` logits a row samples from: the model's, or DoLa's contrast."""
+        if request.dola_layers is None:
+            return logits[-1]
+        premature = {
+            layer: self.lm_head(row_input.hidden[layer][-1:]).float() for layer in request.dola_layers
+        }  # [1, vocab_size] each: only the candidate layers, only the last position
+        return dola_contrast(logits[-1:], premature)[0]
+
+    def _consume(
+        self, item: _Work, logits: torch.Tensor, row_input: RowInput
+    ) -> list[tuple[Request, Row, torch.Tensor]]:
         request = item.request
+        if item.row is not None and item.row.contrastive is not None:
+            self._consume_candidates(request, item.row, logits, row_input)
+            return []
         if item.row is not None:  # decode: this row's next token
             item.row.num_cached += 1
-            return [(request, item.row, logits[-1])]
+            return [(request, item.row, self._next_logits(request, logits, row_input))]
         start = request.num_prefilled
         request.num_prefilled += item.num_tokens
         if request.params.prompt_logprobs is not None:
             self._collect_prompt_logprobs(request, start, logits)
+        if request.params.strategy is Strategy.CONTRASTIVE:
+            request.prompt_hidden.append(row_input.hidden[self.num_layers])
         if not request.prefill_done:
             return []
         if request.beam is not None:
@@ -254,7 +299,36 @@ class Engine:
             if row is not first:
                 self.pool.copy_prefix(first.slot, row.slot, len(request.prompt_ids))
             row.num_cached = len(request.prompt_ids)
-        return [(request, row, logits[-1]) for row in request.rows]
+        if request.params.strategy is Strategy.CONTRASTIVE:
+            prompt_hidden = torch.cat(request.prompt_hidden)  # [prompt_len, hidden]
+            request.prompt_hidden = []
+            for row in request.rows:
+                row.contrastive.start(prompt_hidden, logits[-1])
+                self._propose(row)
+            return []
+        next_logits = self._next_logits(request, logits, row_input)
+        return [(request, row, next_logits) for row in request.rows]
+
+    # ---- contrastive search ------------------------------------------------------------------------
+    def _propose(self, row: Row) -> None:
+        search = row.contrastive
+        processed = SamplingBatch.from_rows([row.sampling], self.device).process(search.next_logits[None])
+        search.propose(processed[0])
+
+    def _consume_candidates(self, request: Request, row: Row, logits: torch.Tensor, row_input: RowInput) -> None:
+        """Rank the sibling candidates just run, keep the winner's K/V, emit it, propose the next."""
+        search = row.contrastive
+        distribution = search.next_logits  # the raw logits the candidates were drawn from
+        chosen = search.select(logits, row_input.hidden[self.num_layers])
+        if chosen:
+            self.pool.move_position(row.slot, row.num_cached + chosen, row.num_cached)
+        row.num_cached += 1
+        now = time.monotonic()
+        gaps = [now - row.last_token_time] if row.last_token_time is not None else []
+        self._commit_token(request, row, search.candidates[chosen], distribution, now)
+        self.observer.on_tokens(request.params.strategy.value, 1, gaps)
+        if not row.finished:
+            self._propose(row)
 
     def _advance_beams(self, request: Request, logits: torch.Tensor, *, first: bool) -> None:
         try:

@@ -70,5 +70,11 @@ class KVPool:
             layer_keys[dst_slot, :, :length].copy_(layer_keys[src_slot, :, :length])
             layer_values[dst_slot, :, :length].copy_(layer_values[src_slot, :, :length])
 
+    def move_position(self, slot: int, src: int, dst: int) -> None:
+        """Keep one token's K/V: a chosen contrastive candidate moves from scratch to its place."""
+        for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
+            layer_keys[slot, :, dst].copy_(layer_keys[slot, :, src])
+            layer_values[slot, :, dst].copy_(layer_values[slot, :, src])
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.keys + self.values)

@@ -8,7 +8,8 @@ on a handful of rows instead of every prompt token.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from contextlib import ExitStack
+from dataclasses import dataclass, field
 
 import torch
 
@@ -18,12 +19,17 @@ from decoding.kv_cache import KVPool
 
 @dataclass
 class RowInput:
-    """What one row feeds this step and which of its positions need logits."""
+    """What one row feeds this step and which of its positions need logits (and hidden states)."""
 
     slot: int
     start: int  # tokens already cached for this row
     token_ids: list[int]
     logits_from: int  # logits are returned for token_ids[logits_from:]; len(token_ids) means none
+    siblings: bool = False  # the tokens are alternatives at position ``start`` (contrastive search)
+    # hidden states wanted, by HF's ``output_hidden_states`` index: 0 the embeddings, i the input of
+    # decoder layer i, num_layers the final normed output; filled in by the runner for every token
+    hidden_layers: tuple[int, ...] = ()
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [len(token_ids), hidden]
 
 
 class ModelRunner:
@@ -31,6 +37,8 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = device
+        self.decoder = model.get_decoder()
+        self.num_layers = len(self.decoder.layers)
 
     @torch.inference_mode()
     def forward(self, inputs: list[RowInput]) -> list[torch.Tensor]:
@@ -41,10 +49,12 @@ class ModelRunner:
         flat_ids: list[int] = []
         keep: list[int] = []
         kept_ranges: dict[int, tuple[int, int]] = {}
+        offsets: dict[int, int] = {}
         for i in order:
             row = inputs[i]
             offset = len(flat_ids)
-            segments.append(Segment(row.slot, row.start, len(row.token_ids)))
+            offsets[i] = offset
+            segments.append(Segment(row.slot, row.start, len(row.token_ids), row.siblings))
             flat_ids.extend(row.token_ids)
             first = len(keep)
             keep.extend(range(offset + row.logits_from, offset + len(row.token_ids)))
@@ -55,12 +65,51 @@ class ModelRunner:
             keep_index = torch.tensor([len(flat_ids) - 1], device=self.device)
         else:
             keep_index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        with active_layout(layout):
+        captured: dict[int, torch.Tensor] = {}
+        wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
+        with active_layout(layout), ExitStack() as hooks:
+            for layer in wanted:
+                hooks.enter_context(self._capture(layer, captured))
             out = self.model(
                 input_ids=input_ids,
                 position_ids=layout.token_positions.unsqueeze(0),
                 use_cache=False,
                 logits_to_keep=keep_index,
             )
+        for i, row in enumerate(inputs):
+            row.hidden = {
+                layer: captured[layer][0, offsets[i] : offsets[i] + len(row.token_ids)] for layer in row.hidden_layers
+            }
         logits = out.logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _capture(self, layer: int, into: dict[int, torch.Tensor]):  # noqa: ANN202
+        """A hook recording HF's ``hidden_states[layer]`` (``[1, num_tokens, hidden]``) for this forward.
+
+        Hooks instead of ``output_hidden_states=True`` so only the layers somebody asked for are
+        kept, and so the final entry is the normed output as in transformers 4.x.
+        """
+        if layer == self.num_layers:
+
+            def after_norm(module, args, output):  # noqa: ANN001, ANN202
+                into[layer] = output
+
+            return _Removable(self.decoder.norm.register_forward_hook(after_norm))
+
+        def before_layer(module, args, kwargs):  # noqa: ANN001, ANN202
+            into[layer] = args[0] if args else kwargs["hidden_states"]
+
+        return _Removable(self.decoder.layers[layer].register_forward_pre_hook(before_layer, with_kwargs=True))
+
+
+class _Removable:
+    """A hook handle usable as a context manager."""
+
+    def __init__(self, handle: torch.utils.hooks.RemovableHandle) -> None:
+        self.handle = handle
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()

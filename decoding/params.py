@@ -122,7 +122,16 @@ def resolve_strategy(params: GenerationParams) -> Strategy:
 
 
 # Strategies this engine serves today; a request resolving to another one is a clear 400.
-SUPPORTED_STRATEGIES = {Strategy.GREEDY, Strategy.SAMPLE, Strategy.BEAM, Strategy.BEAM_SAMPLE, Strategy.GROUP_BEAM}
+SUPPORTED_STRATEGIES = {
+    Strategy.GREEDY,
+    Strategy.SAMPLE,
+    Strategy.BEAM,
+    Strategy.BEAM_SAMPLE,
+    Strategy.GROUP_BEAM,
+    Strategy.CONTRASTIVE,
+    Strategy.DOLA,
+}
+MAX_CONTRASTIVE_TOP_K = 32  # the KV pool's scratch positions for candidates (strategies/contrastive.py)
 
 # The field that selects each strategy, named in the "not supported" error.
 _STRATEGY_FIELD = {
@@ -254,6 +263,19 @@ def _validate_beams(params: GenerationParams, max_num_beams: int | None) -> None
 
 def _validate_special_strategies(params: GenerationParams) -> None:
     _in_range(params, "penalty_alpha", 0, 1)
+    if params.penalty_alpha and resolve_strategy(params) not in (Strategy.CONTRASTIVE, Strategy.ASSISTED):
+        _check(
+            params.dola_layers is not None,  # that combination has its own message below
+            "penalty_alpha",
+            "penalty_alpha (contrastive search) needs top_k > 1, num_beams 1 and no sampling "
+            "(temperature 0 or do_sample false)",
+        )
+    if resolve_strategy(params) is Strategy.CONTRASTIVE:
+        _check(
+            params.top_k <= MAX_CONTRASTIVE_TOP_K,
+            "top_k",
+            f"top_k for contrastive search must be at most {MAX_CONTRASTIVE_TOP_K}, got {params.top_k}",
+        )
     dola = params.dola_layers
     if dola is not None:
         _check(

@@ -39,6 +39,7 @@ class Row:
     reported_finish: bool = False
     last_token_time: float | None = None
     sequence_score: float | None = None  # beam search: the final (length-penalised) score
+    contrastive: Any = None  # decoding.strategies.contrastive.ContrastiveSearch for penalty_alpha rows
 
     @property
     def finished(self) -> bool:
@@ -84,6 +85,8 @@ class Request:
     beam_slots: list[int] = field(default_factory=list)
     beam_num_cached: int = 0
     beam_next_tokens: list[int] = field(default_factory=list)
+    dola_layers: list[int] | None = None  # DoLa's candidate premature layers
+    prompt_hidden: list[Any] = field(default_factory=list)  # contrastive: final hidden states per chunk
 
     @property
     def num_slots(self) -> int:

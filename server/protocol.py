@@ -148,6 +148,8 @@ class GenerationFields(_Strict):
                                  param="temperature")  # fmt: skip
         if not do_sample:
             for name in WARPERS:
+                if name == "top_k" and self.penalty_alpha:  # contrastive search's candidate count
+                    continue
                 if name in set_fields and getattr(self, name) not in (None, 0):
                     raise ParameterError(
                         f"{name} only applies when sampling; this request is greedy (temperature 0 or do_sample false)",
