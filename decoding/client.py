@@ -31,7 +31,9 @@ class WorkerEngineClient(EngineClient):
         generation_defaults: dict | None = None,
         max_num_seqs: int = 16,
         max_num_beams: int = 8,
+        num_layers: int | None = None,
     ) -> None:
+        self._num_layers = num_layers
         self._max_num_seqs = max_num_seqs
         self._max_num_beams = max_num_beams
         self.worker = worker
@@ -105,6 +107,19 @@ class WorkerEngineClient(EngineClient):
                 f"got {params.num_beams}",
                 param="num_beams",
             )
+        if isinstance(params.dola_layers, list) and self._num_layers is not None:
+            num_layers = self._num_layers
+            for layer in params.dola_layers:
+                if not 0 <= layer <= num_layers:
+                    raise ParameterError(
+                        f"dola_layers entries must be in [0, {num_layers}] for this model, got {layer}",
+                        param="dola_layers",
+                    )
+            if not any(layer < num_layers for layer in params.dola_layers):
+                raise ParameterError(
+                    f"dola_layers needs at least one premature layer below {num_layers} (the final layer)",
+                    param="dola_layers",
+                )
         rows, field_name = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
         if rows > self._max_num_seqs:
             raise ParameterError(

@@ -78,4 +78,5 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         generation_defaults=loaded.generation_defaults,
         max_num_seqs=config.max_num_seqs,
         max_num_beams=config.max_num_beams,
+        num_layers=engine.num_layers,
     )
