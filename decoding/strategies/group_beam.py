@@ -152,7 +152,7 @@ class GroupBeamSearch:
             if ends:
                 if rank >= size:
                     continue
-                hypothesis = self._extend(self.running[parent], token, logits[parent])
+                hypothesis = self._extend(self.running[parent], token, logits[parent - start])
                 self.finished[group].add(hypothesis, score, generated_len, stopped=True)
             else:
                 chosen.append((score, parent, token))
