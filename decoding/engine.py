@@ -267,9 +267,11 @@ class Engine:
         """The ``[vocab_size]`` logits a row samples from: the model's, or DoLa's contrast."""
         if request.dola_layers is None:
             return logits[-1]
-        premature = {
-            layer: self.lm_head(row_input.hidden[layer][-1:]).float() for layer in request.dola_layers
-        }  # [1, vocab_size] each: only the candidate layers, only the last position
+        layers = request.dola_layers
+        # one LM-head matmul for all candidate layers at the last position: the head is read once
+        stacked = torch.cat([row_input.hidden[layer][-1:] for layer in layers])  # [num_layers, hidden]
+        projected = self.lm_head(stacked).float()  # [num_layers, vocab_size]
+        premature = {layer: projected[i : i + 1] for i, layer in enumerate(layers)}
         return dola_contrast(logits[-1:], premature)[0]
 
     def _consume(
