@@ -154,6 +154,23 @@ def test_beam_search_returns_the_best_n_with_scores_and_streams_the_same(client,
     assert streamed == expected
 
 
+@pytest.mark.parametrize(
+    "knobs",
+    [
+        {"penalty_alpha": 0.6, "top_k": 4},
+        {"dola_layers": "high", "repetition_penalty": 1.2},
+        {"num_beams": 4, "num_beam_groups": 2, "diversity_penalty": 1.0},
+    ],
+    ids=["contrastive", "dola", "diverse-beam"],
+)
+def test_strategies_transformers_5_removed_are_served_and_stream(client, knobs):
+    kwargs = dict(model=MODEL, prompt="The three primary colors are", max_tokens=12, temperature=0, extra_body=knobs)
+    full = client.completions.create(**kwargs)
+    assert full.choices[0].text and full.usage.completion_tokens > 0
+    streamed = "".join(c.choices[0].text for c in client.completions.create(**kwargs, stream=True) if c.choices)
+    assert streamed == full.choices[0].text
+
+
 def test_beam_limits_are_400s(client):
     with pytest.raises(openai.BadRequestError) as err:
         client.completions.create(model=MODEL, prompt="hi", temperature=0, extra_body={"num_beams": 9})
