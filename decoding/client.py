@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 
 from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
 from decoding.outputs import RequestOutput
-from decoding.params import GenerationParams, ParameterError
+from decoding.params import GenerationParams, ParameterError, Strategy
 from decoding.worker import Worker
 
 
@@ -32,7 +32,9 @@ class WorkerEngineClient(EngineClient):
         max_num_seqs: int = 16,
         max_num_beams: int = 8,
         num_layers: int | None = None,
+        default_assistant: str | None = None,
     ) -> None:
+        self._default_assistant = default_assistant
         self._num_layers = num_layers
         self._max_num_seqs = max_num_seqs
         self._max_num_beams = max_num_beams
@@ -120,6 +122,12 @@ class WorkerEngineClient(EngineClient):
                     f"dola_layers needs at least one premature layer below {num_layers} (the final layer)",
                     param="dola_layers",
                 )
+        exit_layer = params.assistant_early_exit
+        if exit_layer is not None and self._num_layers is not None and not 1 <= exit_layer <= self._num_layers - 1:
+            raise ParameterError(
+                f"assistant_early_exit must be in [1, {self._num_layers - 1}] for this model, got {exit_layer}",
+                param="assistant_early_exit",
+            )
         rows, field_name = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
         if rows > self._max_num_seqs:
             raise ParameterError(
@@ -139,6 +147,8 @@ class WorkerEngineClient(EngineClient):
     def generate(
         self, request_id: str, prompt_ids: list[int], params: GenerationParams
     ) -> AsyncIterator[RequestOutput]:
+        if self._default_assistant is not None and params.strategy in (Strategy.GREEDY, Strategy.SAMPLE):
+            params = params.replace(assistant_model=self._default_assistant)  # --default-assistant
         with self._lock:
             if self._draining or not self.worker.alive:
                 raise EngineUnavailableError("the server is shutting down" if self._draining else "worker stopped")

@@ -20,6 +20,6 @@ class EngineConfig:
     max_num_beams: int = 8
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     cache_dir: str | None = None  # where converted models are kept; None: ~/.cache/decoda
-    assistant_models: list[tuple[str, str]] = field(default_factory=list)  # (name, model)
+    assistant_models: list[tuple[str | None, str]] = field(default_factory=list)  # (name or None, model)
     default_assistant: str | None = None
     seed: int = 0  # seeds unseeded requests' generators (each request still gets its own)

@@ -26,6 +26,8 @@ from decoding.stats import StepStats
 from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam_search, plan_beam_rows
 from decoding.strategies.contrastive import MAX_CONTRASTIVE_TOP_K, ContrastiveSearch
 from decoding.strategies.dola import dola_candidate_layers, dola_contrast
+from decoding.strategies.drafting import Drafter, make_assistant
+from decoding.strategies.speculative import EARLY_EXIT, PROMPT_LOOKUP, DraftLength, Speculation
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
@@ -59,6 +61,7 @@ class Engine:
         emit: Callable[[RequestOutput], None],
         device: torch.device,
         observer: EngineObserver | None = None,
+        assistants: dict[str, torch.nn.Module] | None = None,
     ) -> None:
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -72,6 +75,15 @@ class Engine:
             device=device,
         )
         self.runner = ModelRunner(model, self.pool, device)
+        spare = MAX_CONTRASTIVE_TOP_K
+        self.drafter = Drafter(
+            self.runner,
+            {
+                name: make_assistant(name, assistant, limits.max_num_seqs, limits.max_model_len + spare, device)
+                for name, assistant in (assistants or {}).items()
+            },
+            set(eos_token_ids),
+        )
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
@@ -112,6 +124,9 @@ class Engine:
                 row.contrastive = ContrastiveSearch(params.penalty_alpha, params.top_k)
         if params.dola_layers is not None:
             request.dola_layers = dola_candidate_layers(params.dola_layers, self.num_layers, self.tied_embeddings)
+        if params.strategy is Strategy.ASSISTED:
+            for row in rows:
+                row.speculation = _speculation(params)
         if beam_search:
             request.beam = make_beam_search(
                 request,
@@ -218,6 +233,7 @@ class Engine:
     def _plan(self) -> tuple[list[_Work], list[RowInput]]:
         work: list[_Work] = []
         inputs: list[RowInput] = []
+        self._draft_all()
         for request in self.scheduler.running:
             if not request.prefill_done:
                 continue
@@ -236,11 +252,15 @@ class Engine:
                         RowInput(row.slot, row.num_cached, candidates, 0, True, hidden_layers=(self.num_layers,))
                     )
                     continue
-                work.append(_Work(request, row, 1))
+                drafts = row.speculation.drafts if row.speculation is not None else []
+                work.append(_Work(request, row, 1 + len(drafts)))
                 inputs.append(
-                    RowInput(row.slot, row.num_cached, [row.output_ids[-1]], 0, hidden_layers=self._hidden_for(request))
-                )
-        budget = self.scheduler.prefill_budget(len(inputs))
+                    RowInput(
+                        row.slot, row.num_cached, [row.output_ids[-1], *drafts], 0,
+                        hidden_layers=self._hidden_for(request),
+                    )
+                )  # fmt: skip
+        budget = self.scheduler.prefill_budget(sum(len(i.token_ids) for i in inputs))
         for request in self.scheduler.running:
             if request.prefill_done or budget <= 0:
                 continue
@@ -281,6 +301,9 @@ class Engine:
         if item.row is not None and item.row.contrastive is not None:
             self._consume_candidates(request, item.row, logits, row_input)
             return []
+        if item.row is not None and item.row.speculation is not None and item.row.speculation.drafts:
+            self._verify(request, item.row, logits)
+            return []
         if item.row is not None:  # decode: this row's next token
             item.row.num_cached += 1
             return [(request, item.row, self._next_logits(request, logits, row_input))]
@@ -310,6 +333,52 @@ class Engine:
             return []
         next_logits = self._next_logits(request, logits, row_input)
         return [(request, row, next_logits) for row in request.rows]
+
+    # ---- speculative decoding ------------------------------------------------------------------------
+    def _draft_all(self) -> None:
+        rows = []
+        for request in self.scheduler.running:
+            if not request.prefill_done:
+                continue
+            for row in request.rows:
+                if row.finished or row.speculation is None:
+                    continue
+                left = request.params.max_new_tokens - len(row.output_ids) - 1
+                room = self.limits.max_model_len - row.num_cached - 2
+                rows.append((request, row, min(left, room)))
+        if rows:
+            try:
+                self.drafter.draft(rows)
+            except Exception:  # drafting is an optimisation: without drafts every row still decodes
+                logger.exception("drafting failed; this step runs without drafts")
+                for _, row, _ in rows:
+                    row.speculation.drafts = []
+
+    def _verify(self, request: Request, row: Row, logits: torch.Tensor) -> None:
+        """Pick each position's token as plain decoding would; keep drafts while they match."""
+        spec = row.speculation
+        drafts, spec.drafts = spec.drafts, []
+        start = row.num_cached
+        accepted = 0
+        emitted = 0
+        now = time.monotonic()
+        gap = now - row.last_token_time if row.last_token_time is not None else None
+        for i in range(len(drafts) + 1):
+            batch = SamplingBatch.from_rows([row.sampling], self.device)
+            token = batch.sample(batch.process(logits[i : i + 1]))[0]
+            self._commit_token(request, row, token, logits[i], now)
+            emitted += 1
+            if row.finished or i == len(drafts) or token != drafts[i]:
+                break
+            accepted += 1
+        row.num_cached = start + 1 + accepted  # rejected drafts: a length change, no copy
+        self.drafter.rollback(row, len(row.sampling.history) - 1)
+        spec.num_drafted += len(drafts)
+        spec.num_accepted += accepted
+        spec.length.update(len(drafts), accepted)
+        self.observer.on_speculation(spec.proposer, len(drafts), accepted)
+        gaps = ([gap] if gap is not None else []) + [0.0] * (emitted - 1)
+        self.observer.on_tokens(request.params.strategy.value, emitted, gaps)
 
     # ---- contrastive search ------------------------------------------------------------------------
     def _propose(self, row: Row) -> None:
@@ -445,6 +514,7 @@ class Engine:
 
     def _finish_request(self, request: Request, reason: FinishReason) -> None:
         self.scheduler.remove(request)
+        self.drafter.release(request)
         self.requests.pop(request.request_id, None)
         self._sampling_key = ()
         self.emit(
@@ -477,6 +547,7 @@ class Engine:
             if request.finished:
                 output.finished = True
                 self.scheduler.remove(request)
+                self.drafter.release(request)
                 self.requests.pop(request.request_id, None)
                 self._sampling_key = ()
                 self._record_finish(request, None)
@@ -489,3 +560,18 @@ class Engine:
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)
+
+
+def _speculation(params: GenerationParams) -> Speculation:
+    """A row's proposer and draft length from HF's knobs (defaults: 5 drafts, "heuristic")."""
+    schedule = params.num_assistant_tokens_schedule or "heuristic"
+    if params.prompt_lookup_num_tokens is not None:
+        return Speculation(
+            PROMPT_LOOKUP,
+            DraftLength(params.prompt_lookup_num_tokens, "constant"),
+            max_ngram_size=params.max_matching_ngram_size or 2,
+        )
+    length = DraftLength(params.num_assistant_tokens or 5, schedule)
+    if params.assistant_early_exit is not None:
+        return Speculation(EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit)
+    return Speculation(params.assistant_model, length)

@@ -9,9 +9,10 @@ import torch
 
 from decoding.attention import register_attention
 from decoding.client import WorkerEngineClient
+from decoding.client_api import ServedModel
 from decoding.config import EngineConfig
 from decoding.engine import Engine, EngineLimits
-from decoding.loading import load_model
+from decoding.loading import LoadedModel, load_model
 from decoding.telemetry import EngineObserver
 from decoding.weight_layout import transpose_linears
 from decoding.worker import Worker
@@ -48,6 +49,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
     if config.compile:
         model.forward = torch.compile(model.forward, dynamic=True)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
+    assistants = load_assistants(config, loaded)
     limits = EngineLimits(
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
@@ -56,7 +58,14 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
     )
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
     engine = Engine(
-        model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None, device, observer
+        model,
+        copy.deepcopy(loaded.tokenizer),
+        loaded.eos_token_ids,
+        limits,
+        lambda _: None,
+        device,
+        observer,
+        assistants={name: assistant.model for name, assistant in assistants.items()},
     )
     logger.info(
         "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
@@ -79,4 +88,35 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_num_seqs=config.max_num_seqs,
         max_num_beams=config.max_num_beams,
         num_layers=engine.num_layers,
+        assistants=[ServedModel(name, "assistant", max_model_len) for name in assistants],
+        default_assistant=config.default_assistant,
     )
+
+
+def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, LoadedModel]:
+    """Preload ``--assistant-model`` draft models on the target's device and dtype.
+
+    They must share the target's vocabulary: drafts are verified token id by token id. An assistant
+    with a different tokenizer (universal assisted decoding) is refused at start with a clear error.
+    """
+    assistants: dict[str, LoadedModel] = {}
+    target_vocab = target.tokenizer.get_vocab()
+    for name, spec in config.assistant_models:
+        loaded = load_model(
+            spec, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir,
+            attn_implementation=register_attention(),
+        )  # fmt: skip
+        name = name or loaded.served_name
+        if loaded.tokenizer.get_vocab() != target_vocab:
+            raise ValueError(
+                f"assistant {name!r} ({spec}) has a different tokenizer than the target; universal assisted "
+                "decoding (assistants with another tokenizer) is not supported yet"
+            )
+        transpose_linears(loaded.model)
+        assistants[name] = loaded
+        logger.info("assistant %s loaded from %s", name, spec)
+    if config.default_assistant is not None and config.default_assistant not in assistants:
+        raise ValueError(
+            f"--default-assistant {config.default_assistant!r} is not among the assistants {sorted(assistants)}"
+        )
+    return assistants

@@ -41,8 +41,21 @@ class ModelRunner:
         self.num_layers = len(self.decoder.layers)
 
     @torch.inference_mode()
-    def forward(self, inputs: list[RowInput]) -> list[torch.Tensor]:
-        """Run one forward; returns, per input, float32 logits ``[num_kept, vocab_size]``."""
+    def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:
+        """Run one forward; returns, per input, float32 logits ``[num_kept, vocab_size]``.
+
+        ``num_layers``: run only the first decoder layers, then the final norm and LM head
+        (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
+        in the same slots, where the full forward that verifies the drafts rewrites them.
+        """
+        if num_layers is not None:
+            config = self.decoder.config
+            full = config.num_hidden_layers
+            config.num_hidden_layers = num_layers
+            try:
+                return self.forward(inputs)
+            finally:
+                config.num_hidden_layers = full
         # Single-token rows first: StepLayout batches them into one attention call.
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].token_ids) != 1)
         segments: list[Segment] = []

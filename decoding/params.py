@@ -130,6 +130,7 @@ SUPPORTED_STRATEGIES = {
     Strategy.GROUP_BEAM,
     Strategy.CONTRASTIVE,
     Strategy.DOLA,
+    Strategy.ASSISTED,
 }
 MAX_CONTRASTIVE_TOP_K = 32  # the KV pool's scratch positions for candidates (strategies/contrastive.py)
 

@@ -40,6 +40,7 @@ class Row:
     last_token_time: float | None = None
     sequence_score: float | None = None  # beam search: the final (length-penalised) score
     contrastive: Any = None  # decoding.strategies.contrastive.ContrastiveSearch for penalty_alpha rows
+    speculation: Any = None  # decoding.strategies.speculative.Speculation for assisted rows
 
     @property
     def finished(self) -> bool:

@@ -21,3 +21,7 @@ class EngineObserver:
     def on_finished(self, strategy: str, finished_reason: str, e2e_seconds: float) -> None: ...
 
     def on_step(self, num_rows: int, num_running: int, num_waiting: int, kv_usage: float) -> None: ...
+
+    def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
+        """One verification of ``num_drafted`` draft tokens by ``proposer`` (an assistant's name,
+        ``prompt_lookup`` or ``early_exit``), of which the first ``num_accepted`` were kept."""

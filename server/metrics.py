@@ -32,6 +32,12 @@ METRIC_DOCS = {
     "decoda_generation_tokens_total": "tokens generated (counter; strategy)",
     "decoda_request_success_total": "finished requests (counter; finished_reason stop|length|abort|error, strategy)",
     "decoda_batch_rows": "rows per batched forward (histogram)",
+    "decoda_spec_draft_tokens_total": "draft tokens proposed (counter; label assistant: a model name, "
+    "prompt_lookup or early_exit)",
+    "decoda_spec_accepted_tokens_total": "draft tokens the target accepted (counter; assistant)",
+    "decoda_spec_acceptance_rate": "accepted / proposed draft tokens since start (gauge; assistant)",
+    "decoda_spec_accepted_length": "draft tokens accepted per verification (histogram; assistant); "
+    "its mean is the mean accepted length",
 }
 
 
@@ -74,6 +80,20 @@ class Metrics(EngineObserver):
             ["finished_reason", "strategy"], registry=r,
         )  # fmt: skip
         self.batch_rows = Histogram("decoda_batch_rows", doc("decoda_batch_rows"), buckets=ROW_BUCKETS, registry=r)
+        self.spec_drafted = Counter(
+            "decoda_spec_draft_tokens", doc("decoda_spec_draft_tokens_total"), ["assistant"], registry=r
+        )
+        self.spec_accepted = Counter(
+            "decoda_spec_accepted_tokens", doc("decoda_spec_accepted_tokens_total"), ["assistant"], registry=r
+        )
+        self.spec_rate = Gauge(
+            "decoda_spec_acceptance_rate", doc("decoda_spec_acceptance_rate"), ["assistant"], registry=r
+        )
+        self.spec_length = Histogram(
+            "decoda_spec_accepted_length", doc("decoda_spec_accepted_length"), ["assistant"],
+            buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=r,
+        )  # fmt: skip
+        self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
     def on_admitted(self, strategy: str, queue_seconds: float, num_prompt_tokens: int) -> None:
@@ -98,6 +118,15 @@ class Metrics(EngineObserver):
         self.running.set(num_running)
         self.waiting.set(num_waiting)
         self.kv_usage.set(kv_usage)
+
+    def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
+        self.spec_drafted.labels(proposer).inc(num_drafted)
+        self.spec_accepted.labels(proposer).inc(num_accepted)
+        self.spec_length.labels(proposer).observe(num_accepted)
+        totals = self._spec_totals.setdefault(proposer, [0, 0])
+        totals[0] += num_drafted
+        totals[1] += num_accepted
+        self.spec_rate.labels(proposer).set(totals[1] / totals[0] if totals[0] else 0.0)
 
     # ---- exposition ------------------------------------------------------------------------------
     def render(self) -> bytes:

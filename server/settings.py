@@ -39,6 +39,16 @@ class Settings:
     max_queue: int = field(default=256, metadata={"help": "waiting requests beyond this get 429"})
     request_timeout: float | None = field(default=600.0, metadata={"help": "seconds per request; 0 disables"})
     max_num_beams: int = field(default=8, metadata={"help": "largest num_beams a request may ask for"})
+    assistant_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "[NAME=]MODEL draft model preloaded for speculative decoding (repeatable; comma-separated "
+            "in the environment and yaml); MODEL is anything --model takes"
+        },
+    )
+    default_assistant: str | None = field(
+        default=None, metadata={"help": "assistant NAME used by greedy/sampling requests that name none"}
+    )
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on /v1/*"})
@@ -58,9 +68,24 @@ class Settings:
             max_queue=self.max_queue,
             request_timeout=self.request_timeout or None,
             max_num_beams=self.max_num_beams,
+            assistant_models=parse_assistants(self.assistant_model),
+            default_assistant=self.default_assistant,
             num_threads=self.num_threads,
             cache_dir=self.cache_dir,
         )
+
+
+def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
+    """``"a=smollm2-135m-instruct,gemma3-270m"`` -> ``[("a", "smollm2-135m-instruct"), (None, "gemma3-270m")]``
+    (a missing NAME becomes the model's short name at load time)."""
+    out: list[tuple[str | None, str]] = []
+    for item in (spec or "").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        name, sep, model = item.partition("=")
+        out.append((name.strip(), model.strip()) if sep else (None, item))
+    return out
 
 
 def env_name(name: str) -> str:
@@ -100,7 +125,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata.get('help', '')} [env {env_name(f.name)}; default {f.default}]"
-        if _kind(f) is bool:
+        if f.name == "assistant_model":
+            parser.add_argument(flag, dest=f.name, default=None, action="append", help=help_text)
+        elif _kind(f) is bool:
             parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
         else:
             parser.add_argument(flag, dest=f.name, default=None, help=help_text)
@@ -121,7 +148,11 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
     values: dict[str, Any] = {}
     for f in fields(Settings):
         kind = _kind(f)
-        if cli.get(f.name) is not None:
+        if isinstance(cli.get(f.name), list):  # a repeatable flag
+            values[f.name] = ",".join(cli[f.name])
+        elif isinstance(from_file.get(f.name), list) and cli.get(f.name) is None and env_name(f.name) not in environ:
+            values[f.name] = ",".join(str(v) for v in from_file[f.name])
+        elif cli.get(f.name) is not None:
             values[f.name] = _convert(kind, cli[f.name], "--" + f.name.replace("_", "-"))
         elif env_name(f.name) in environ:
             values[f.name] = _convert(kind, environ[env_name(f.name)], env_name(f.name))

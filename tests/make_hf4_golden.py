@@ -164,7 +164,9 @@ def outer(args: argparse.Namespace) -> None:
         inner_out = json.loads(result.read_text())
     for name, logits in inner_out["logits"].items():
         diff = max(abs(a - b) for a, b in zip(logits, checks[name], strict=True))
-        print(f"logits check {name}: transformers {HF4_TRANSFORMERS} vs {transformers.__version__}: max |diff| {diff:.2e}")
+        print(
+            f"logits check {name}: transformers {HF4_TRANSFORMERS} vs {transformers.__version__}: max |diff| {diff:.2e}"
+        )
         if diff > 1e-4:
             raise SystemExit(f"{name}: transformers 4.x does not load the model as 5.x does (max diff {diff})")
     golden = {

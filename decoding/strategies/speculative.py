@@ -1,0 +1,110 @@
+"""Speculative decoding for one row: where drafts come from, how many, and how they are checked.
+
+Drafts come from the text so far (prompt lookup, Saxena 2023), from the target's own first layers
+(self-speculative early exit, LayerSkip) or from a preloaded assistant model (Leviathan et al.
+2023). Whatever proposes them, the target verifies ``[last token] + drafts`` as ONE multi-token
+row of the shared batched forward, and the row picks each position's token exactly as it would
+without speculation (processors, then argmax, or a draw from the request's own generator);
+a draft is accepted while it equals that pick. So the output is the target's own greedy output,
+or, for sampling, the same draws a non-speculative run with the same seed makes (the "sample and
+match" rule: the target's distribution is preserved exactly). Rejected drafts roll back by a
+length change of the KV slot; nothing is copied.
+
+Speculation must never cost much: ``DraftLength`` follows HF's ``num_assistant_tokens_schedule``
+and adds a back-off, so a row whose drafts keep failing stops drafting and only probes now and
+then (exponentially rarer), which bounds the extra verification work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+PROMPT_LOOKUP = "prompt_lookup"
+EARLY_EXIT = "early_exit"
+
+
+def propose_prompt_lookup(
+    history: list[int], num_tokens: int, max_ngram_size: int, eos_token_ids: set[int]
+) -> list[int]:
+    """HF's ``PromptLookupCandidateGenerator``: the continuation of the first earlier occurrence of
+    the longest trailing n-gram (n from ``max_ngram_size`` down to 1), cut before any eos."""
+    length = len(history)
+    for size in range(min(max_ngram_size, length - 1), 0, -1):
+        tail = history[-size:]
+        for start in range(length - size):  # left to right, excluding the tail itself
+            if history[start : start + size] == tail:
+                begin = start + size
+                chosen = history[begin : min(begin + num_tokens, length)]
+                if not chosen:
+                    continue
+                for i, token in enumerate(chosen):
+                    if token in eos_token_ids:
+                        return chosen[:i]
+                return chosen
+    return []
+
+
+@dataclass
+class DraftLength:
+    """How many drafts to propose next: HF's schedule plus Decoda's back-off.
+
+    HF (``AssistedCandidateGenerator.update_candidate_strategy``): "heuristic" grows the count by 2
+    after a fully accepted draft and shrinks it by 1 (not below 1) otherwise; "constant" keeps it.
+    Back-off: after ``patience`` consecutive rounds accepting under ``min_acceptance`` of their
+    drafts, drafting pauses for ``pause`` decode steps, doubling (up to ``max_pause``) each time
+    the probe after a pause fails again; a good round resets it.
+    """
+
+    initial: int
+    schedule: str = "heuristic"
+    minimum: int = 1
+    min_acceptance: float = 0.3
+    patience: int = 2
+    max_pause: int = 64
+    current: int = field(init=False)
+    _poor_rounds: int = field(default=0, init=False)
+    _pause: int = field(default=0, init=False)
+    _next_pause: int = field(default=4, init=False)
+
+    def __post_init__(self) -> None:
+        self.current = self.initial
+
+    def next(self, limit: int) -> int:
+        """Drafts to propose this step (0 while backing off), at most ``limit``."""
+        if self._pause > 0:
+            self._pause -= 1
+            return 0
+        return max(0, min(self.current, limit))
+
+    def update(self, num_drafted: int, num_accepted: int) -> None:
+        if num_drafted == 0:
+            return
+        if self.schedule in ("heuristic", "heuristic_transient"):
+            if num_accepted == num_drafted:
+                self.current += 2
+            else:
+                self.current = max(self.minimum, self.current - 1)
+        if num_accepted / num_drafted >= self.min_acceptance:
+            self._poor_rounds = 0
+            self._next_pause = 4
+            return
+        self._poor_rounds += 1
+        if self._poor_rounds >= self.patience:
+            self._pause = self._next_pause
+            self._next_pause = min(2 * self._next_pause, self.max_pause)
+            self._poor_rounds = self.patience - 1  # one more poor probe pauses again, longer
+
+
+@dataclass
+class Speculation:
+    """A row's speculative state: the proposer, the draft length, what was fed, the counts."""
+
+    proposer: str  # PROMPT_LOOKUP, EARLY_EXIT, or an assistant model's name
+    length: DraftLength
+    max_ngram_size: int = 2
+    early_exit_layers: int = 0
+    drafts: list[int] = field(default_factory=list)  # fed this step, after the last token
+    assistant_slot: int | None = None  # draft models: the row's slot in the assistant's pool
+    assistant_cached: int = 0  # tokens of the history whose K/V the assistant holds
+    num_drafted: int = 0
+    num_accepted: int = 0
