@@ -1,0 +1,175 @@
+"""Speculative decoding: every proposer gives exactly the target's own output, alone and batched."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import GenerationConfig
+from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
+
+from decoding.engine import Engine, EngineLimits
+from decoding.params import GenerationParams
+from decoding.strategies.speculative import DraftLength, propose_prompt_lookup
+from decoding.telemetry import EngineObserver
+from tests.engine_harness import EngineHarness, as_served, tiny_llama
+
+EOS = 2
+VOCAB = 64
+
+
+class Counting(EngineObserver):
+    def __init__(self) -> None:
+        self.drafted: dict[str, int] = {}
+        self.accepted: dict[str, int] = {}
+
+    def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
+        self.drafted[proposer] = self.drafted.get(proposer, 0) + num_drafted
+        self.accepted[proposer] = self.accepted.get(proposer, 0) + num_accepted
+
+
+@pytest.fixture(scope="module")
+def model():
+    return tiny_llama(VOCAB, seed=3, num_layers=4)
+
+
+@pytest.fixture(scope="module")
+def stranger():
+    """Same vocabulary, different weights: an assistant that rarely agrees with the target."""
+    return tiny_llama(VOCAB, seed=99, num_layers=2)
+
+
+def harness(model, tokenizer, assistants=None, **kwargs) -> tuple[EngineHarness, Counting]:
+    h = EngineHarness(model, tokenizer, [EOS], **kwargs)
+    if assistants:  # rebuild the engine with the assistants preloaded, as launch.py does
+        h.engine = Engine(
+            h.engine.runner.model, tokenizer, [EOS], h.engine.limits, h._collect, torch.device("cpu"),
+            assistants={name: as_served(m) for name, m in assistants.items()},
+        )  # fmt: skip
+    counting = Counting()
+    h.engine.observer = counting
+    return h, counting
+
+
+def prompts(count: int, seed: int = 0, repeat: int = 2) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, VOCAB) for _ in range(rng.randrange(4, 20))] * repeat for _ in range(count)]
+
+
+SPECULATIVE = [
+    {"prompt_lookup_num_tokens": 5},
+    {"prompt_lookup_num_tokens": 3, "max_matching_ngram_size": 1},
+    {"assistant_early_exit": 2},
+    {"assistant_early_exit": 1, "num_assistant_tokens": 3, "num_assistant_tokens_schedule": "constant"},
+    {"assistant_model": "self"},
+    {"assistant_model": "stranger", "num_assistant_tokens_schedule": "heuristic_transient"},
+]
+
+
+@pytest.mark.parametrize("knobs", SPECULATIVE, ids=lambda k: ",".join(f"{a}={b}" for a, b in k.items()))
+def test_greedy_output_is_plain_greedy(model, stranger, smollm2_tokenizer, knobs):
+    h, counting = harness(model, smollm2_tokenizer, {"self": model, "stranger": stranger})
+    for i, prompt in enumerate(prompts(4)):
+        h.add(f"plain{i}", prompt, GenerationParams(max_new_tokens=30))
+        h.add(f"spec{i}", prompt, GenerationParams(max_new_tokens=30, **knobs))
+    h.run()  # all eight at once: speculative rows share the forward with plain ones
+    for i in range(4):
+        assert h.token_ids(f"spec{i}") == h.token_ids(f"plain{i}")
+        assert h.finish_reason(f"spec{i}") == h.finish_reason(f"plain{i}")
+    assert sum(counting.drafted.values()) > 0
+    if knobs.get("assistant_model") == "self":  # the target drafting for itself: everything accepted
+        assert counting.accepted["self"] == counting.drafted["self"]
+
+
+def test_seeded_sampling_with_speculation_draws_what_plain_sampling_draws(model, smollm2_tokenizer):
+    h, counting = harness(model, smollm2_tokenizer, {"self": model})
+    sampling = dict(max_new_tokens=24, do_sample=True, temperature=0.7, top_k=20, repetition_penalty=1.1)
+    for i, prompt in enumerate(prompts(3, seed=5)):
+        h.add(f"plain{i}", prompt, GenerationParams(**sampling, seed=i))
+        h.add(f"lookup{i}", prompt, GenerationParams(**sampling, seed=i, prompt_lookup_num_tokens=4))
+        h.add(f"draft{i}", prompt, GenerationParams(**sampling, seed=i, assistant_model="self"))
+    h.run()
+    for i in range(3):
+        assert h.token_ids(f"lookup{i}") == h.token_ids(f"plain{i}")
+        assert h.token_ids(f"draft{i}") == h.token_ids(f"plain{i}")
+    assert counting.accepted.get("self", 0) > 0
+
+
+def test_speculative_sampling_keeps_the_target_distribution(smollm2_tokenizer):
+    """First and second tokens of speculative sampling (drafts from a disagreeing assistant) follow
+    the target's processed distribution: chi-square over 600 seeds, fixed, so never flaky."""
+    vocab = 8
+    target, assistant = tiny_llama(vocab, seed=1, num_layers=1), tiny_llama(vocab, seed=2, num_layers=1)
+    h, counting = harness(target, smollm2_tokenizer, {"draft": assistant}, max_num_seqs=64)
+    prompt = [3, 4, 5]
+    knobs = dict(max_new_tokens=3, do_sample=True, ignore_eos=True, assistant_model="draft",
+                 num_assistant_tokens=2, num_assistant_tokens_schedule="constant")  # fmt: skip
+    seeds = range(600)
+    for seed in seeds:
+        h.add(f"r{seed}", prompt, GenerationParams(**knobs, seed=seed))
+    h.run()
+    assert counting.drafted["draft"] > 0
+    with torch.inference_mode():
+        first_probs = torch.softmax(target(torch.tensor([prompt])).logits[0, -1], -1)
+    first = [h.token_ids(f"r{s}")[0] for s in seeds]
+    observed = torch.bincount(torch.tensor(first), minlength=vocab).float()
+    expected = first_probs * len(first)
+    chi2 = float(((observed - expected) ** 2 / expected.clamp(min=1e-9)).sum())
+    assert chi2 < 24.3  # chi-square 99.9% quantile, 7 degrees of freedom
+    # second token, conditioned on the most frequent first token
+    top = int(observed.argmax())
+    second = [h.token_ids(f"r{s}")[1] for s in seeds if h.token_ids(f"r{s}")[0] == top]
+    with torch.inference_mode():
+        second_probs = torch.softmax(target(torch.tensor([[*prompt, top]])).logits[0, -1], -1)
+    observed2 = torch.bincount(torch.tensor(second), minlength=vocab).float()
+    expected2 = second_probs * len(second)
+    chi2 = float(((observed2 - expected2) ** 2 / expected2.clamp(min=1e-9)).sum())
+    assert chi2 < 24.3
+
+
+def test_backoff_stops_drafting_for_an_assistant_that_keeps_failing(model, stranger, smollm2_tokenizer):
+    h, counting = harness(model, smollm2_tokenizer, {"stranger": stranger})
+    h.add("r", prompts(1, seed=9)[0], GenerationParams(max_new_tokens=120, ignore_eos=True, assistant_model="stranger",
+                                                       num_assistant_tokens=5, num_assistant_tokens_schedule="constant"))  # fmt: skip
+    h.run()
+    rate = counting.accepted["stranger"] / counting.drafted["stranger"]
+    if rate < 0.3:  # rarely agrees: drafting must have paused for most steps
+        assert counting.drafted["stranger"] < 5 * 120 / 3
+
+
+def test_draft_length_schedule_and_backoff():
+    length = DraftLength(4, "heuristic")
+    assert length.next(10) == 4
+    length.update(4, 4)
+    assert length.current == 6  # all accepted: +2, as HF
+    length.update(6, 1)
+    assert length.current == 5  # otherwise -1
+    poor = DraftLength(5, "constant")
+    poor.update(5, 0)
+    poor.update(5, 0)  # two poor rounds: pause
+    assert [poor.next(10) for _ in range(4)] == [0, 0, 0, 0]
+    assert poor.next(10) == 5  # probe
+    poor.update(5, 0)  # the probe fails: a longer pause
+    assert [poor.next(10) for _ in range(8)] == [0] * 8
+    assert poor.next(3) == 3  # never more than the limit
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_prompt_lookup_proposes_what_hf_proposes(seed):
+    rng = random.Random(seed)
+    history = [rng.randrange(3, 12) for _ in range(rng.randrange(2, 60))]
+    num_tokens, ngram = rng.randrange(1, 8), rng.randrange(1, 4)
+    hf = PromptLookupCandidateGenerator(
+        eos_token_id=torch.tensor([EOS]), num_output_tokens=num_tokens, max_matching_ngram_size=ngram,
+        max_length=10_000,
+    )  # fmt: skip
+    candidates, _ = hf.get_candidates(torch.tensor([history]))
+    theirs = candidates[0, len(history) :].tolist()
+    assert propose_prompt_lookup(history, num_tokens, ngram, {EOS}) == theirs
+
+
+def test_generation_config_names_are_hfs():
+    # the request fields are transformers' own knobs
+    config = GenerationConfig(prompt_lookup_num_tokens=3, assistant_early_exit=2, num_assistant_tokens=4)
+    assert config.prompt_lookup_num_tokens == 3 and config.assistant_early_exit == 2
