@@ -572,6 +572,9 @@ def _speculation(params: GenerationParams) -> Speculation:
             max_ngram_size=params.max_matching_ngram_size or 2,
         )
     length = DraftLength(params.num_assistant_tokens or 5, schedule)
+    threshold = params.assistant_confidence_threshold
     if params.assistant_early_exit is not None:
-        return Speculation(EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit)
-    return Speculation(params.assistant_model, length)
+        return Speculation(
+            EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit, confidence_threshold=threshold
+        )
+    return Speculation(params.assistant_model, length, confidence_threshold=threshold)

@@ -302,3 +302,15 @@ def _validate_special_strategies(params: GenerationParams) -> None:
         f"num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got {schedule!r}",
     )
     _in_range(params, "assistant_confidence_threshold", 0, 1)
+    model_drafts = params.assistant_model is not None or params.assistant_early_exit is not None
+    for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
+        _check(
+            getattr(params, name) is None or model_drafts,
+            name,
+            f"{name} applies to draft models (assistant_model) and early exit (assistant_early_exit)",
+        )
+    _check(
+        params.max_matching_ngram_size is None or params.prompt_lookup_num_tokens is not None,
+        "max_matching_ngram_size",
+        "max_matching_ngram_size applies to prompt lookup (prompt_lookup_num_tokens)",
+    )

@@ -164,6 +164,12 @@ def test_models_health_ready_metrics():
         ({"penalty_alpha": 0.6, "top_k": 64, "temperature": 0}, "top_k"),
         ({"logit_bias": {"x": 1}}, "logit_bias"),
         ({"assistant_model": "nope"}, "assistant_model"),
+        ({"prompt_lookup_num_tokens": 0}, "prompt_lookup_num_tokens"),
+        ({"num_assistant_tokens": 3}, "num_assistant_tokens"),
+        ({"max_matching_ngram_size": 2}, "max_matching_ngram_size"),
+        ({"assistant_early_exit": 2, "num_beams": 2, "temperature": 0}, "num_beams"),
+        ({"prompt_lookup_num_tokens": 3, "penalty_alpha": 0.5, "top_k": 4, "temperature": 0}, "penalty_alpha"),
+        ({"assistant_early_exit": 2, "num_assistant_tokens_schedule": "sometimes"}, "num_assistant_tokens_schedule"),
         ({"suffix": "x"}, "suffix"),
     ],
 )

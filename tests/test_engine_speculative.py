@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from decoding.engine import Engine, EngineLimits
+from decoding.engine import Engine
 from decoding.params import GenerationParams
 from decoding.strategies.speculative import DraftLength, propose_prompt_lookup
 from decoding.telemetry import EngineObserver
@@ -130,12 +130,28 @@ def test_speculative_sampling_keeps_the_target_distribution(smollm2_tokenizer):
 
 def test_backoff_stops_drafting_for_an_assistant_that_keeps_failing(model, stranger, smollm2_tokenizer):
     h, counting = harness(model, smollm2_tokenizer, {"stranger": stranger})
-    h.add("r", prompts(1, seed=9)[0], GenerationParams(max_new_tokens=120, ignore_eos=True, assistant_model="stranger",
-                                                       num_assistant_tokens=5, num_assistant_tokens_schedule="constant"))  # fmt: skip
+    params = GenerationParams(
+        max_new_tokens=120, ignore_eos=True, assistant_model="stranger", num_assistant_tokens=5,
+        num_assistant_tokens_schedule="constant",
+    )  # fmt: skip
+    h.add("r", prompts(1, seed=9)[0], params)
     h.run()
     rate = counting.accepted["stranger"] / counting.drafted["stranger"]
     if rate < 0.3:  # rarely agrees: drafting must have paused for most steps
         assert counting.drafted["stranger"] < 5 * 120 / 3
+
+
+def test_confidence_threshold_cuts_drafts_short(model, stranger, smollm2_tokenizer):
+    h, counting = harness(model, smollm2_tokenizer, {"stranger": stranger})
+    knobs = dict(max_new_tokens=30, assistant_model="stranger", num_assistant_tokens=6,
+                 num_assistant_tokens_schedule="constant")  # fmt: skip
+    prompt = prompts(1, seed=4)[0]
+    h.add("plain", prompt, GenerationParams(max_new_tokens=30))
+    h.add("doubtful", prompt, GenerationParams(**knobs, assistant_confidence_threshold=0.99))
+    h.run()
+    assert h.token_ids("doubtful") == h.token_ids("plain")
+    # a random tiny assistant is never 99% sure: every draft stops after its first token
+    assert counting.drafted["stranger"] <= 30
 
 
 def test_draft_length_schedule_and_backoff():

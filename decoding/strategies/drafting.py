@@ -82,7 +82,10 @@ class Drafter:
                 token = int(logits[j][-1].argmax())
                 spec.drafts.append(token)
                 position = inputs[i].start + len(inputs[i].token_ids)
-                if len(spec.drafts) < count and token not in self.eos_token_ids:
+                # HF's ConfidenceCriteria: the doubtful draft is kept, drafting stops after it
+                threshold = spec.confidence_threshold
+                confident = threshold is None or float(torch.softmax(logits[j][-1], -1)[token]) >= threshold
+                if len(spec.drafts) < count and token not in self.eos_token_ids and confident:
                     inputs[i] = RowInput(inputs[i].slot, position, [token], 0)
                     still.append(i)
                 if assistant is not None:

@@ -103,6 +103,7 @@ class Speculation:
     length: DraftLength
     max_ngram_size: int = 2
     early_exit_layers: int = 0
+    confidence_threshold: float | None = None  # stop drafting after a draft the proposer doubts
     drafts: list[int] = field(default_factory=list)  # fed this step, after the last token
     assistant_slot: int | None = None  # draft models: the row's slot in the assistant's pool
     assistant_cached: int = 0  # tokens of the history whose K/V the assistant holds
