@@ -61,7 +61,7 @@ class Engine:
         emit: Callable[[RequestOutput], None],
         device: torch.device,
         observer: EngineObserver | None = None,
-        assistants: dict[str, torch.nn.Module] | None = None,
+        assistants: dict[str, object] | None = None,
     ) -> None:
         config = model.config.get_text_config()
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -76,14 +76,14 @@ class Engine:
         )
         self.runner = ModelRunner(model, self.pool, device)
         spare = MAX_CONTRASTIVE_TOP_K
-        self.drafter = Drafter(
-            self.runner,
-            {
-                name: make_assistant(name, assistant, limits.max_num_seqs, limits.max_model_len + spare, device)
-                for name, assistant in (assistants or {}).items()
-            },
-            set(eos_token_ids),
-        )
+        drafters = {}
+        for name, assistant in (assistants or {}).items():
+            # a model shares the target's tokenizer; (model, tokenizer, eos ids) drafts through text
+            model_, tokenizer_, eos_ = assistant if isinstance(assistant, tuple) else (assistant, None, None)
+            drafters[name] = make_assistant(
+                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + spare, device, tokenizer_, eos_
+            )
+        self.drafter = Drafter(self.runner, drafters, set(eos_token_ids), tokenizer)
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)

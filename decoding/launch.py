@@ -65,7 +65,12 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         lambda _: None,
         device,
         observer,
-        assistants={name: assistant.model for name, assistant in assistants.items()},
+        assistants={
+            name: assistant.model
+            if assistant.tokenizer.get_vocab() == loaded.tokenizer.get_vocab()
+            else (assistant.model, copy.deepcopy(assistant.tokenizer), set(assistant.eos_token_ids))
+            for name, assistant in assistants.items()
+        },
     )
     logger.info(
         "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
@@ -96,8 +101,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
 def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, LoadedModel]:
     """Preload ``--assistant-model`` draft models on the target's device and dtype.
 
-    They must share the target's vocabulary: drafts are verified token id by token id. An assistant
-    with a different tokenizer (universal assisted decoding) is refused at start with a clear error.
+    An assistant with the target's vocabulary drafts token ids directly; one with a different
+    tokenizer drafts through text (universal assisted decoding, ``strategies/universal.py``).
     """
     assistants: dict[str, LoadedModel] = {}
     target_vocab = target.tokenizer.get_vocab()
@@ -107,14 +112,12 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
             attn_implementation=register_attention(),
         )  # fmt: skip
         name = name or loaded.served_name
-        if loaded.tokenizer.get_vocab() != target_vocab:
-            raise ValueError(
-                f"assistant {name!r} ({spec}) has a different tokenizer than the target; universal assisted "
-                "decoding (assistants with another tokenizer) is not supported yet"
-            )
+        through_text = loaded.tokenizer.get_vocab() != target_vocab
         transpose_linears(loaded.model)
         assistants[name] = loaded
-        logger.info("assistant %s loaded from %s", name, spec)
+        logger.info(
+            "assistant %s loaded from %s%s", name, spec, " (other tokenizer: drafts via text)" if through_text else ""
+        )
     if config.default_assistant is not None and config.default_assistant not in assistants:
         raise ValueError(
             f"--default-assistant {config.default_assistant!r} is not among the assistants {sorted(assistants)}"

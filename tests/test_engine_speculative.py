@@ -45,7 +45,10 @@ def harness(model, tokenizer, assistants=None, **kwargs) -> tuple[EngineHarness,
     if assistants:  # rebuild the engine with the assistants preloaded, as launch.py does
         h.engine = Engine(
             h.engine.runner.model, tokenizer, [EOS], h.engine.limits, h._collect, torch.device("cpu"),
-            assistants={name: as_served(m) for name, m in assistants.items()},
+            assistants={
+                name: (as_served(m[0]), *m[1:]) if isinstance(m, tuple) else as_served(m)
+                for name, m in assistants.items()
+            },
         )  # fmt: skip
     counting = Counting()
     h.engine.observer = counting
@@ -189,3 +192,43 @@ def test_generation_config_names_are_hfs():
     # the request fields are transformers' own knobs
     config = GenerationConfig(prompt_lookup_num_tokens=3, assistant_early_exit=2, num_assistant_tokens=4)
     assert config.prompt_lookup_num_tokens == 3 and config.assistant_early_exit == 2
+
+
+# ---- universal assisted decoding: an assistant with another tokenizer ------------------------------
+def byte_level_tokenizer(vocab_size: int = 300):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(models.BPE())
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["<eos>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    backend.train_from_iterator(["the quick brown fox jumps over the lazy dog " * 20, "hello world " * 20], trainer)
+    return PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="<eos>")
+
+
+def test_universal_assistant_with_another_tokenizer_keeps_greedy_output(smollm2_tokenizer):
+    target = tiny_llama(len(smollm2_tokenizer), seed=1)
+    other = byte_level_tokenizer()
+    assistant = tiny_llama(len(other), seed=2)
+    h, counting = harness(target, smollm2_tokenizer, {"other": (assistant, other, {other.eos_token_id})})
+    for i, text in enumerate(["The quick brown fox", "hello world, hello", "Once upon a time there"]):
+        prompt = smollm2_tokenizer.encode(text)
+        h.add(f"plain{i}", prompt, GenerationParams(max_new_tokens=20))
+        h.add(f"spec{i}", prompt, GenerationParams(max_new_tokens=20, assistant_model="other"))
+    h.run()
+    for i in range(3):
+        assert h.token_ids(f"spec{i}") == h.token_ids(f"plain{i}")
+    assert counting.drafted["other"] > 0
+
+
+def test_drafted_text_becomes_target_tokens_after_the_tail(smollm2_tokenizer):
+    from decoding.strategies.universal import new_tokens_after_tail, target_drafts
+
+    history = smollm2_tokenizer.encode("The capital of France is")
+    drafts = target_drafts(history, " Paris, and the capital", smollm2_tokenizer, 10)
+    assert smollm2_tokenizer.decode(drafts) == " Paris, and the capital"
+    assert new_tokens_after_tail([5, 6, 7], [6, 7, 8, 9]) == [8, 9]
+    assert new_tokens_after_tail([5, 6, 7], [1, 2]) == []

@@ -9,7 +9,7 @@ draft position for all rows sharing that assistant.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -17,22 +17,33 @@ from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
 from decoding.request import Request, Row
 from decoding.strategies.speculative import EARLY_EXIT, PROMPT_LOOKUP, propose_prompt_lookup
+from decoding.strategies.universal import assistant_ids_for, common_prefix_length, target_drafts
 
 
 @dataclass
 class Assistant:
-    """A preloaded draft model sharing the target's tokenizer, with its own KV pool."""
+    """A preloaded draft model with its own KV pool; ``tokenizer`` is set when it is not the target's
+    (universal assisted decoding, drafts go through text)."""
 
     name: str
     runner: ModelRunner
     pool: KVPool
+    tokenizer: object | None = None
+    eos_token_ids: set[int] = field(default_factory=set)
 
 
 class Drafter:
-    def __init__(self, target: ModelRunner, assistants: dict[str, Assistant], eos_token_ids: set[int]) -> None:
+    def __init__(
+        self,
+        target: ModelRunner,
+        assistants: dict[str, Assistant],
+        eos_token_ids: set[int],
+        target_tokenizer: object | None = None,
+    ) -> None:
         self.target = target
         self.assistants = assistants
         self.eos_token_ids = eos_token_ids
+        self.target_tokenizer = target_tokenizer
 
     def draft(self, rows: list[tuple[Request, Row, int]]) -> None:
         """Fill ``row.speculation.drafts`` for each ``(request, row, limit)``; limit caps the count."""
@@ -50,52 +61,91 @@ class Drafter:
             else:
                 by_model.setdefault(spec.proposer, []).append((row, count))
         for proposer, group in by_model.items():
-            if proposer == EARLY_EXIT:
-                self._draft_with_model(group, None)
+            assistant = None if proposer == EARLY_EXIT else self.assistants[proposer]
+            if assistant is not None and assistant.tokenizer is not None:
+                self._draft_through_text(group, assistant)
             else:
-                self._draft_with_model(group, self.assistants[proposer])
+                self._draft_same_vocabulary(group, assistant)
 
-    def _draft_with_model(self, group: list[tuple[Row, int]], assistant: Assistant | None) -> None:
-        """Greedy drafts, one batched forward per position (the first also catches up)."""
-        runner = self.target if assistant is None else assistant.runner
+    def _draft_same_vocabulary(self, group: list[tuple[Row, int]], assistant: Assistant | None) -> None:
         inputs = []
         for row, _ in group:
             spec = row.speculation
-            if assistant is None:
+            if assistant is None:  # early exit: the target's own slot, only the last token is new
                 inputs.append(RowInput(row.slot, row.num_cached, [row.output_ids[-1]], 0))
-            else:
-                if spec.assistant_slot is None:
-                    spec.assistant_slot = assistant.pool.allocate()
-                    spec.assistant_cached = 0
-                history = row.sampling.history
-                pending = history[spec.assistant_cached :]
-                inputs.append(RowInput(spec.assistant_slot, spec.assistant_cached, pending, len(pending) - 1))
-                spec.assistant_cached = len(history)
+                continue
+            if spec.assistant_slot is None:
+                spec.assistant_slot = assistant.pool.allocate()
+                spec.assistant_cached = 0
+            pending = row.sampling.history[spec.assistant_cached :]
+            inputs.append(RowInput(spec.assistant_slot, spec.assistant_cached, pending, len(pending) - 1))
         early_exit = group[0][0].speculation.early_exit_layers if assistant is None else None
+        runner = self.target if assistant is None else assistant.runner
+        drafted, cached = self._greedy(runner, group, inputs, self.eos_token_ids, early_exit)
+        for (row, _), tokens, position in zip(group, drafted, cached, strict=True):
+            row.speculation.drafts = tokens
+            if assistant is not None:
+                row.speculation.assistant_cached = position
+
+    def _draft_through_text(self, group: list[tuple[Row, int]], assistant: Assistant) -> None:
+        inputs, texts = [], []
+        for row, _ in group:
+            spec = row.speculation
+            if spec.assistant_slot is None:
+                spec.assistant_slot = assistant.pool.allocate()
+                spec.assistant_cached = 0
+            text = self.target_tokenizer.decode(row.sampling.history)
+            ids = assistant_ids_for(text, assistant.tokenizer)
+            cached = min(spec.assistant_cached, common_prefix_length(spec.assistant_ids, ids), len(ids) - 1)
+            spec.assistant_ids = ids
+            pending = ids[cached:]
+            inputs.append(RowInput(spec.assistant_slot, cached, pending, len(pending) - 1))
+            texts.append(text)
+        drafted, cached = self._greedy(assistant.runner, group, inputs, assistant.eos_token_ids, None)
+        for (row, count), tokens, position in zip(group, drafted, cached, strict=True):
+            spec = row.speculation
+            spec.assistant_cached = position
+            spec.assistant_ids = spec.assistant_ids + tokens[:-1]  # what the assistant's cache now holds
+            draft_text = assistant.tokenizer.decode(tokens, skip_special_tokens=True)
+            spec.drafts = target_drafts(row.sampling.history, draft_text, self.target_tokenizer, count)
+
+    def _greedy(
+        self,
+        runner: ModelRunner,
+        group: list[tuple[Row, int]],
+        inputs: list[RowInput],
+        eos_token_ids: set[int],
+        early_exit: int | None,
+    ) -> tuple[list[list[int]], list[int]]:
+        """Greedy drafts, one batched forward per position (the first also catches up); returns
+        each row's drafts and how many positions its slot now holds."""
+        drafted: list[list[int]] = [[] for _ in group]
+        cached = [row_input.start for row_input in inputs]
         active = list(range(len(group)))
         while active:
             logits = runner.forward([inputs[i] for i in active], num_layers=early_exit)
             still = []
             for j, i in enumerate(active):
-                row, count = group[i]
-                spec = row.speculation
+                spec = group[i][0].speculation
                 token = int(logits[j][-1].argmax())
-                spec.drafts.append(token)
-                position = inputs[i].start + len(inputs[i].token_ids)
+                drafted[i].append(token)
+                cached[i] = inputs[i].start + len(inputs[i].token_ids)
                 # HF's ConfidenceCriteria: the doubtful draft is kept, drafting stops after it
                 threshold = spec.confidence_threshold
                 confident = threshold is None or float(torch.softmax(logits[j][-1], -1)[token]) >= threshold
-                if len(spec.drafts) < count and token not in self.eos_token_ids and confident:
-                    inputs[i] = RowInput(inputs[i].slot, position, [token], 0)
+                if len(drafted[i]) < group[i][1] and token not in eos_token_ids and confident:
+                    inputs[i] = RowInput(inputs[i].slot, cached[i], [token], 0)
                     still.append(i)
-                if assistant is not None:
-                    spec.assistant_cached = position
             active = still
+        return drafted, cached
 
     def rollback(self, row: Row, history_length: int) -> None:
-        """After verification: the assistant keeps only K/V of tokens that are still history."""
+        """After verification: the assistant keeps only K/V of tokens that are still history
+        (through-text assistants realign by their own ids at the next draft instead)."""
         spec = row.speculation
-        spec.assistant_cached = min(spec.assistant_cached, history_length)
+        assistant = self.assistants.get(spec.proposer)
+        if assistant is None or assistant.tokenizer is None:
+            spec.assistant_cached = min(spec.assistant_cached, history_length)
 
     def release(self, request: Request) -> None:
         for row in request.rows:
@@ -105,7 +155,15 @@ class Drafter:
                 spec.assistant_slot = None
 
 
-def make_assistant(name: str, model: torch.nn.Module, num_slots: int, max_model_len: int, device: torch.device):  # noqa: ANN201
+def make_assistant(
+    name: str,
+    model: torch.nn.Module,
+    num_slots: int,
+    max_model_len: int,
+    device: torch.device,
+    tokenizer: object | None = None,
+    eos_token_ids: set[int] | None = None,
+) -> Assistant:
     config = model.config.get_text_config()
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     pool = KVPool(
@@ -117,4 +175,4 @@ def make_assistant(name: str, model: torch.nn.Module, num_slots: int, max_model_
         dtype=next(model.parameters()).dtype,
         device=device,
     )
-    return Assistant(name, ModelRunner(model, pool, device), pool)
+    return Assistant(name, ModelRunner(model, pool, device), pool, tokenizer, set(eos_token_ids or ()))

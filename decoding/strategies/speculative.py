@@ -107,5 +107,6 @@ class Speculation:
     drafts: list[int] = field(default_factory=list)  # fed this step, after the last token
     assistant_slot: int | None = None  # draft models: the row's slot in the assistant's pool
     assistant_cached: int = 0  # tokens of the history whose K/V the assistant holds
+    assistant_ids: list[int] = field(default_factory=list)  # through-text assistants: their own ids
     num_drafted: int = 0
     num_accepted: int = 0
