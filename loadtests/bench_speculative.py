@@ -5,7 +5,11 @@ Input-grounded tasks on a ~500-token passage (repeat it, fix its typos, summaris
 over Decoda's plain greedy, the acceptance rate, and HF ``generate()`` with the same assistant
 settings (tokens/s and Decoda's ratio to it). Outputs are checked equal to plain greedy.
 
-    .venv/bin/python loadtests/bench_speculative.py
+    .venv/bin/python loadtests/bench_speculative.py [--universal]
+
+``--universal`` adds universal assisted decoding with the real pair of different tokenizers:
+SmolLM2-135M-Instruct as target with Gemma 3 270M as assistant, and the reverse (Gemma is a base
+model, so its prompts are the plain task texts).
 """
 
 from __future__ import annotations
@@ -48,6 +52,13 @@ TASKS = [
 ]
 
 
+def chat_ids(tokenizer: object, text: str) -> list[int]:
+    messages = [{"role": "user", "content": text}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=True)[
+        "input_ids"
+    ]
+
+
 class Acceptance(EngineObserver):
     def __init__(self) -> None:
         self.drafted = 0
@@ -84,6 +95,8 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--new-tokens", type=int, default=128)
     parser.add_argument("--early-exit", type=int, default=8)
+    parser.add_argument("--universal", action="store_true", help="also the Gemma 3 270M / SmolLM2 pair")
+    parser.add_argument("--only-universal", action="store_true", help="only the Gemma 3 270M / SmolLM2 pair")
     args = parser.parse_args()
     reference = load_model(args.model, dtype="float32", attn_implementation="sdpa")
     served = load_model(args.model, dtype="float32", attn_implementation=register_attention())
@@ -94,11 +107,7 @@ def main() -> None:
         served.model, copy.deepcopy(tokenizer), served.eos_token_ids, limits, lambda _: None, torch.device("cpu"),
         assistants={"self": served.model},
     )  # fmt: skip
-    prompts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True,
-                                      return_dict=True)["input_ids"]
-        for t in TASKS
-    ]  # fmt: skip
+    prompts = [chat_ids(tokenizer, t) for t in TASKS]
     proposers = {
         "prompt lookup (10 tokens)": ({"prompt_lookup_num_tokens": 10}, {"prompt_lookup_num_tokens": 10}),
         f"early exit (layer {args.early_exit})": (
@@ -108,6 +117,9 @@ def main() -> None:
         "draft model (itself)": ({"assistant_model": "self"}, {"assistant_model": reference.model}),
     }
     n = args.new_tokens
+    if args.only_universal:
+        universal_rows(args, reference, served, n)
+        return
     print(f"model {args.model}, prompts {[len(p) for p in prompts]} tokens, {n} new tokens, greedy, batch 1")
     decoda_run(engine, prompts[0], 4, {})  # warm-up
     hf_run(reference.model, prompts[0], 4, {})
@@ -132,6 +144,52 @@ def main() -> None:
         print(f"{name:28} {rate:6.1f} {rate / plain_rate:8.2f}x {accepted:8.0%} {hf_rate:9.1f} "
               f"{hf_rate / hf_plain_rate:11.2f}x {rate / hf_rate:5.2f}x")  # fmt: skip
         engine.observer = EngineObserver()
+    if args.universal:
+        universal_rows(args, reference, served, n)
+
+
+def universal_rows(args: argparse.Namespace, smol_ref, smol_served, n: int) -> None:  # noqa: ANN001
+    """Target and assistant with different tokenizers, both directions."""
+    gemma_ref = load_model("gemma3-270m", dtype="float32", attn_implementation="sdpa")
+    gemma_served = load_model("gemma3-270m", dtype="float32", attn_implementation=register_attention())
+    transpose_linears(gemma_served.model)
+    pairs = [
+        ("SmolLM2 <- Gemma 3 270M", smol_ref, smol_served, gemma_ref, gemma_served, True),
+        ("Gemma 3 270M <- SmolLM2", gemma_ref, gemma_served, smol_ref, smol_served, False),
+    ]
+    for label, target_ref, target, helper_ref, helper, chat in pairs:
+        tokenizer = target.tokenizer
+        limits = EngineLimits(max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=1024)
+        assistant = (helper.model, copy.deepcopy(helper.tokenizer), set(helper.eos_token_ids))
+        engine = Engine(
+            target.model, copy.deepcopy(tokenizer), target.eos_token_ids, limits, lambda _: None,
+            torch.device("cpu"), assistants={"helper": assistant},
+        )  # fmt: skip
+        prompts = [chat_ids(tokenizer, t) if chat else tokenizer.encode(t) for t in TASKS]
+        decoda_run(engine, prompts[0], 4, {})
+        plain = [decoda_run(engine, p, n, {}) for p in prompts]
+        observer = Acceptance()
+        engine.observer = observer
+        runs = [decoda_run(engine, p, n, {"assistant_model": "helper"}) for p in prompts]
+        for (_, tokens), (_, expected) in zip(runs, plain, strict=True):
+            assert tokens == expected, f"{label}: output differs from plain greedy"
+        plain_rate = sum(len(t) for _, t in plain) / sum(s for s, _ in plain)
+        rate = sum(len(t) for _, t in runs) / sum(s for s, _ in runs)
+        accepted = observer.accepted / observer.drafted if observer.drafted else 0.0
+        print(f"universal {label:18} {rate:6.1f} {rate / plain_rate:8.2f}x {accepted:8.0%}  "
+              f"(Decoda plain greedy {plain_rate:.1f} tok/s)", flush=True)  # fmt: skip
+        hf_knobs = {"assistant_model": helper_ref.model, "tokenizer": target_ref.tokenizer,
+                    "assistant_tokenizer": helper_ref.tokenizer}  # fmt: skip
+        try:
+            hf_plain = [hf_run(target_ref.model, p, n, {}) for p in prompts]
+            hf = [hf_run(target_ref.model, p, n, hf_knobs) for p in prompts]
+        except Exception as exc:  # transformers' own universal decoding may fail on a pair
+            print(f"    HF generate() with this pair failed: {type(exc).__name__}: {str(exc)[:200]}")
+            continue
+        hf_plain_rate = sum(k for _, k in hf_plain) / sum(s for s, _ in hf_plain)
+        hf_rate = sum(k for _, k in hf) / sum(s for s, _ in hf)
+        print(f"    HF generate(): {hf_rate:.1f} tok/s = {hf_rate / hf_plain_rate:.2f}x its plain greedy "
+              f"({hf_plain_rate:.1f}); Decoda {rate / hf_rate:.2f}x HF")  # fmt: skip
 
 
 if __name__ == "__main__":

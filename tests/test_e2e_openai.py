@@ -265,3 +265,24 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2):
     finish = [json.loads(c[6:]) for c in chunks[:-1]][-1]["choices"][0]["finish_reason"]
     assert finish == "length"  # the in-flight request ran to its end
     assert proc.wait(60) == 0
+
+
+def test_speculative_decoding_with_a_preloaded_assistant(smollm2):
+    base, proc = start_server("--max-model-len", "512", "--assistant-model", f"draft={MODEL}")
+    try:
+        client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+        models = httpx.get(f"{base}/v1/models").json()["data"]
+        assert {(m["id"], m["role"]) for m in models} == {(MODEL, "target"), ("draft", "assistant")}
+        prompt = "List the days of the week: Monday, Tuesday,"
+        plain = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0)
+        for knobs in ({"assistant_model": "draft"}, {"prompt_lookup_num_tokens": 5}, {"assistant_early_exit": 10}):
+            out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=24, temperature=0, extra_body=knobs)
+            assert out.choices[0].text == plain.choices[0].text, knobs
+        with pytest.raises(openai.NotFoundError) as err:
+            client.completions.create(model=MODEL, prompt=prompt, temperature=0, extra_body={"assistant_model": "x"})
+        assert err.value.body["param"] == "assistant_model"
+        metrics = httpx.get(f"{base}/metrics").text
+        assert 'decoda_spec_accepted_tokens_total{assistant="draft"}' in metrics
+        assert 'decoda_spec_draft_tokens_total{assistant="prompt_lookup"}' in metrics
+    finally:
+        assert stop_server(proc) == 0

@@ -232,3 +232,26 @@ def test_drafted_text_becomes_target_tokens_after_the_tail(smollm2_tokenizer):
     assert smollm2_tokenizer.decode(drafts) == " Paris, and the capital"
     assert new_tokens_after_tail([5, 6, 7], [6, 7, 8, 9]) == [8, 9]
     assert new_tokens_after_tail([5, 6, 7], [1, 2]) == []
+
+
+@pytest.mark.slow
+def test_real_pair_with_different_tokenizers_keeps_greedy_output(smollm2):
+    """SmolLM2 target with Gemma 3 270M drafting through text, and the reverse, on real prompts."""
+    import copy
+
+    from decoding.attention import register_attention
+    from decoding.loading import load_model
+
+    gemma = load_model("gemma3-270m", attn_implementation=register_attention())
+    pairs = [(smollm2, gemma, "Here is a list of fruits: apple, banana, cherry. Repeat the list: apple,"),
+             (gemma, smollm2, "The capital of France is Paris. The capital of France is")]  # fmt: skip
+    for target, helper, text in pairs:
+        assistant = (helper.model, copy.deepcopy(helper.tokenizer), set(helper.eos_token_ids))
+        h, counting = harness(target.model, target.tokenizer, {"helper": assistant}, max_model_len=256)
+        h.engine.drafter.target_tokenizer = target.tokenizer
+        prompt = target.tokenizer.encode(text)
+        h.add("plain", prompt, GenerationParams(max_new_tokens=16))
+        h.add("spec", prompt, GenerationParams(max_new_tokens=16, assistant_model="helper"))
+        h.run()
+        assert h.token_ids("spec") == h.token_ids("plain")
+        assert counting.drafted["helper"] > 0
