@@ -103,6 +103,7 @@ class Engine:
         self.stats = StepStats()
         self.observer = observer or EngineObserver()
         self._sampling_key: tuple[int, ...] = ()
+        self._step_seconds: float | None = None
         self._sampling_batch: SamplingBatch | None = None
 
     # ---- requests in and out ---------------------------------------------------------------------
@@ -168,8 +169,12 @@ class Engine:
         work, inputs = self._plan()
         if not inputs:
             return
+        started = time.perf_counter()
         try:
             all_logits = self.runner.forward(inputs)
+            # a decode step's cost, the unit speculation weighs its drafting time in
+            elapsed = time.perf_counter() - started
+            self._step_seconds = elapsed if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * elapsed
         except Exception:
             logger.exception("batched forward failed; retrying request by request")
             work, inputs, all_logits = self._forward_isolating(work, inputs)
@@ -375,7 +380,8 @@ class Engine:
         self.drafter.rollback(row, len(row.sampling.history) - 1)
         spec.num_drafted += len(drafts)
         spec.num_accepted += accepted
-        spec.length.update(len(drafts), accepted)
+        cost_steps = spec.draft_seconds / self._step_seconds if self._step_seconds else 0.0
+        spec.length.update(len(drafts), accepted, cost_steps)
         self.observer.on_speculation(spec.proposer, len(drafts), accepted)
         gaps = ([gap] if gap is not None else []) + [0.0] * (emitted - 1)
         self.observer.on_tokens(request.params.strategy.value, emitted, gaps)

@@ -9,6 +9,7 @@ draft position for all rows sharing that assistant.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -52,6 +53,7 @@ class Drafter:
             spec = row.speculation
             count = spec.length.next(limit)
             spec.drafts = []
+            spec.draft_seconds = 0.0
             if count <= 0:
                 continue
             if spec.proposer == PROMPT_LOOKUP:
@@ -62,10 +64,14 @@ class Drafter:
                 by_model.setdefault(spec.proposer, []).append((row, count))
         for proposer, group in by_model.items():
             assistant = None if proposer == EARLY_EXIT else self.assistants[proposer]
+            started = time.perf_counter()
             if assistant is not None and assistant.tokenizer is not None:
                 self._draft_through_text(group, assistant)
             else:
                 self._draft_same_vocabulary(group, assistant)
+            elapsed = time.perf_counter() - started
+            for row, _ in group:
+                row.speculation.draft_seconds = elapsed
 
     def _draft_same_vocabulary(self, group: list[tuple[Row, int]], assistant: Assistant | None) -> None:
         inputs = []

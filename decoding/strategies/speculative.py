@@ -50,9 +50,14 @@ class DraftLength:
 
     HF (``AssistedCandidateGenerator.update_candidate_strategy``): "heuristic" grows the count by 2
     after a fully accepted draft and shrinks it by 1 (not below 1) otherwise; "constant" keeps it.
-    Back-off: after ``patience`` consecutive rounds accepting under ``min_acceptance`` of their
-    drafts, drafting pauses for ``pause`` decode steps, doubling (up to ``max_pause``) each time
-    the probe after a pause fails again; a good round resets it.
+
+    Back-off, so speculation never costs much: a round is poor when it accepts under
+    ``min_acceptance`` of its drafts, or when it did not pay for itself (the tokens it settled,
+    accepted + 1, fewer than the target steps its drafting cost, ``1 + cost_steps``: a draft model
+    slower than the target loses even at high acceptance). After ``patience`` poor rounds drafting
+    pauses long enough that the wasted time stays under ``max_overhead`` of the decode time (at
+    least 4 steps); every further poor probe doubles the pause (up to ``max_pause``); a good round
+    resets it.
     """
 
     initial: int
@@ -60,7 +65,8 @@ class DraftLength:
     minimum: int = 1
     min_acceptance: float = 0.3
     patience: int = 2
-    max_pause: int = 64
+    max_pause: int = 512
+    max_overhead: float = 0.05
     current: int = field(init=False)
     _poor_rounds: int = field(default=0, init=False)
     _pause: int = field(default=0, init=False)
@@ -76,7 +82,8 @@ class DraftLength:
             return 0
         return max(0, min(self.current, limit))
 
-    def update(self, num_drafted: int, num_accepted: int) -> None:
+    def update(self, num_drafted: int, num_accepted: int, cost_steps: float = 0.0) -> None:
+        """``cost_steps``: the round's drafting time in units of a target decode step."""
         if num_drafted == 0:
             return
         if self.schedule in ("heuristic", "heuristic_transient"):
@@ -84,14 +91,16 @@ class DraftLength:
                 self.current += 2
             else:
                 self.current = max(self.minimum, self.current - 1)
-        if num_accepted / num_drafted >= self.min_acceptance:
+        wasted = (1 + cost_steps) - (num_accepted + 1)  # target steps this round lost, if positive
+        if num_accepted / num_drafted >= self.min_acceptance and wasted <= 0:
             self._poor_rounds = 0
             self._next_pause = 4
             return
         self._poor_rounds += 1
-        if self._poor_rounds >= self.patience:
-            self._pause = self._next_pause
-            self._next_pause = min(2 * self._next_pause, self.max_pause)
+        if self._poor_rounds >= self.patience or wasted > 1:
+            needed = int(max(wasted, 0) / self.max_overhead)
+            self._pause = min(max(self._next_pause, needed), self.max_pause)
+            self._next_pause = min(2 * self._pause, self.max_pause)
             self._poor_rounds = self.patience - 1  # one more poor probe pauses again, longer
 
 
@@ -110,3 +119,4 @@ class Speculation:
     assistant_ids: list[int] = field(default_factory=list)  # through-text assistants: their own ids
     num_drafted: int = 0
     num_accepted: int = 0
+    draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
