@@ -97,6 +97,7 @@ def main() -> None:
     parser.add_argument("--early-exit", type=int, default=8)
     parser.add_argument("--universal", action="store_true", help="also the Gemma 3 270M / SmolLM2 pair")
     parser.add_argument("--only-universal", action="store_true", help="only the Gemma 3 270M / SmolLM2 pair")
+    parser.add_argument("--no-hf", action="store_true", help="skip HF generate() in the universal rows")
     args = parser.parse_args()
     reference = load_model(args.model, dtype="float32", attn_implementation="sdpa")
     served = load_model(args.model, dtype="float32", attn_implementation=register_attention())
@@ -180,6 +181,8 @@ def universal_rows(args: argparse.Namespace, smol_ref, smol_served, n: int) -> N
               f"(Decoda plain greedy {plain_rate:.1f} tok/s)", flush=True)  # fmt: skip
         hf_knobs = {"assistant_model": helper_ref.model, "tokenizer": target_ref.tokenizer,
                     "assistant_tokenizer": helper_ref.tokenizer}  # fmt: skip
+        if args.no_hf:
+            continue
         try:
             hf_plain = [hf_run(target_ref.model, p, n, {}) for p in prompts]
             hf = [hf_run(target_ref.model, p, n, hf_knobs) for p in prompts]

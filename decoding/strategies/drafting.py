@@ -45,6 +45,12 @@ class Drafter:
         self.assistants = assistants
         self.eos_token_ids = eos_token_ids
         self.target_tokenizer = target_tokenizer
+        # An assistant larger than the target costs more than a target step per draft token, so its
+        # drafts can never pay for themselves in greedy decoding: such an assistant never drafts.
+        target_size = _num_parameters(target.model)
+        self.too_costly = {
+            name for name, assistant in assistants.items() if _num_parameters(assistant.runner.model) > target_size
+        }
 
     def draft(self, rows: list[tuple[Request, Row, int]]) -> None:
         """Fill ``row.speculation.drafts`` for each ``(request, row, limit)``; limit caps the count."""
@@ -55,6 +61,8 @@ class Drafter:
             spec.drafts = []
             spec.draft_seconds = 0.0
             if count <= 0:
+                continue
+            if spec.proposer in self.too_costly:
                 continue
             if spec.proposer == PROMPT_LOOKUP:
                 spec.drafts = propose_prompt_lookup(
@@ -182,3 +190,7 @@ def make_assistant(
         device=device,
     )
     return Assistant(name, ModelRunner(model, pool, device), pool, tokenizer, set(eos_token_ids or ()))
+
+
+def _num_parameters(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
