@@ -254,4 +254,7 @@ def test_real_pair_with_different_tokenizers_keeps_greedy_output(smollm2):
         h.add("spec", prompt, GenerationParams(max_new_tokens=16, assistant_model="helper"))
         h.run()
         assert h.token_ids("spec") == h.token_ids("plain")
-        assert counting.drafted["helper"] > 0
+        if target is gemma:  # SmolLM2 is the smaller one: it drafts
+            assert counting.drafted["helper"] > 0
+        else:  # Gemma 3 270M is larger than SmolLM2: its drafts could never pay, so it does not draft
+            assert counting.drafted.get("helper", 0) == 0
