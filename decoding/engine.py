@@ -368,9 +368,15 @@ class Engine:
         emitted = 0
         now = time.monotonic()
         gap = now - row.last_token_time if row.last_token_time is not None else None
+        draft_probs, spec.draft_probs = spec.draft_probs, []
+        rejection = len(draft_probs) == len(drafts) and request.params.do_sample
         for i in range(len(drafts) + 1):
             batch = SamplingBatch.from_rows([row.sampling], self.device)
-            token = batch.sample(batch.process(logits[i : i + 1]))[0]
+            scores = batch.process(logits[i : i + 1])
+            if rejection and i < len(drafts):
+                token = _rejection_sample(scores[0], drafts[i], draft_probs[i], row.sampling.generator)
+            else:
+                token = batch.sample(scores)[0]
             self._commit_token(request, row, token, logits[i], now)
             emitted += 1
             if row.finished or i == len(drafts) or token != drafts[i]:
@@ -584,3 +590,15 @@ def _speculation(params: GenerationParams) -> Speculation:
             EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit, confidence_threshold=threshold
         )
     return Speculation(params.assistant_model, length, confidence_threshold=threshold)
+
+
+def _rejection_sample(scores: torch.Tensor, draft: int, q: torch.Tensor, generator: torch.Generator) -> int:
+    """Leviathan et al. 2023 (HF ``_speculative_sampling``): keep the draft with probability
+    min(1, p(d) / q(d)), else draw from norm(max(p - q, 0)); the result is distributed as p."""
+    p = torch.softmax(scores, dim=-1)  # [vocab_size] the target's processed distribution
+    if float(torch.rand(1, generator=generator)) * float(q[draft]) <= float(p[draft]):
+        return draft
+    residual = (p - q).clamp(min=0)
+    total = float(residual.sum())
+    residual = residual / total if total > 0 else p
+    return int(torch.multinomial(residual, 1, generator=generator))

@@ -17,6 +17,7 @@ import torch
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
 from decoding.request import Request, Row
+from decoding.sampling import SamplingBatch
 from decoding.strategies.speculative import EARLY_EXIT, PROMPT_LOOKUP, propose_prompt_lookup
 from decoding.strategies.universal import assistant_ids_for, common_prefix_length, target_drafts
 
@@ -115,7 +116,8 @@ class Drafter:
             pending = ids[cached:]
             inputs.append(RowInput(spec.assistant_slot, cached, pending, len(pending) - 1))
             texts.append(text)
-        drafted, cached = self._greedy(assistant.runner, group, inputs, assistant.eos_token_ids, None)
+        # another vocabulary: no q over the target's tokens, so sampled rows match picks instead
+        drafted, cached = self._greedy(assistant.runner, group, inputs, assistant.eos_token_ids, None, False)
         for (row, count), tokens, position in zip(group, drafted, cached, strict=True):
             spec = row.speculation
             spec.assistant_cached = position
@@ -130,9 +132,14 @@ class Drafter:
         inputs: list[RowInput],
         eos_token_ids: set[int],
         early_exit: int | None,
+        sample_drafts: bool = True,
     ) -> tuple[list[list[int]], list[int]]:
-        """Greedy drafts, one batched forward per position (the first also catches up); returns
-        each row's drafts and how many positions its slot now holds."""
+        """Drafts, one batched forward per position (the first also catches up): greedy, or for
+        sampling rows drawn from the proposer's processed distribution q (kept in
+        ``draft_probs`` for rejection sampling); returns each row's drafts and how many positions
+        its slot now holds."""
+        for row, _ in group:
+            row.speculation.draft_probs = []
         drafted: list[list[int]] = [[] for _ in group]
         cached = [row_input.start for row_input in inputs]
         active = list(range(len(group)))
@@ -140,8 +147,12 @@ class Drafter:
             logits = runner.forward([inputs[i] for i in active], num_layers=early_exit)
             still = []
             for j, i in enumerate(active):
-                spec = group[i][0].speculation
-                token = int(logits[j][-1].argmax())
+                row = group[i][0]
+                spec = row.speculation
+                if sample_drafts and row.sampling.params.do_sample:
+                    token = self._sample_draft(row, logits[j][-1])
+                else:
+                    token = int(logits[j][-1].argmax())
                 drafted[i].append(token)
                 cached[i] = inputs[i].start + len(inputs[i].token_ids)
                 # HF's ConfidenceCriteria: the doubtful draft is kept, drafting stops after it
@@ -152,6 +163,15 @@ class Drafter:
                     still.append(i)
             active = still
         return drafted, cached
+
+    @staticmethod
+    def _sample_draft(row: Row, logits: torch.Tensor) -> int:
+        """A draft drawn from q = the row's processors and warpers applied to the proposer's logits."""
+        batch = SamplingBatch.from_rows([row.sampling], logits.device)
+        probs = torch.softmax(batch.process(logits[None]), dim=-1)[0]  # [vocab_size]
+        token = int(torch.multinomial(probs, 1, generator=row.sampling.generator))
+        row.speculation.draft_probs.append(probs)
+        return token
 
     def rollback(self, row: Row, history_length: int) -> None:
         """After verification: the assistant keeps only K/V of tokens that are still history

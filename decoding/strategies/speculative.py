@@ -120,3 +120,4 @@ class Speculation:
     num_drafted: int = 0
     num_accepted: int = 0
     draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
+    draft_probs: list = field(default_factory=list)  # sampled drafts: q per draft, [vocab_size] each
