@@ -27,7 +27,7 @@ from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam
 from decoding.strategies.contrastive import MAX_CONTRASTIVE_TOP_K, ContrastiveSearch
 from decoding.strategies.dola import dola_candidate_layers, dola_contrast
 from decoding.strategies.drafting import Drafter, make_assistant
-from decoding.strategies.speculative import EARLY_EXIT, PROMPT_LOOKUP, DraftLength, Speculation
+from decoding.strategies.speculative import rejection_sample, speculation_for
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
@@ -127,7 +127,7 @@ class Engine:
             request.dola_layers = dola_candidate_layers(params.dola_layers, self.num_layers, self.tied_embeddings)
         if params.strategy is Strategy.ASSISTED:
             for row in rows:
-                row.speculation = _speculation(params)
+                row.speculation = speculation_for(params)
         if beam_search:
             request.beam = make_beam_search(
                 request,
@@ -374,7 +374,7 @@ class Engine:
             batch = SamplingBatch.from_rows([row.sampling], self.device)
             scores = batch.process(logits[i : i + 1])
             if rejection and i < len(drafts):
-                token = _rejection_sample(scores[0], drafts[i], draft_probs[i], row.sampling.generator)
+                token = rejection_sample(scores[0], drafts[i], draft_probs[i], row.sampling.generator)
             else:
                 token = batch.sample(scores)[0]
             self._commit_token(request, row, token, logits[i], now)
@@ -572,33 +572,3 @@ class Engine:
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)
-
-
-def _speculation(params: GenerationParams) -> Speculation:
-    """A row's proposer and draft length from HF's knobs (defaults: 5 drafts, "heuristic")."""
-    schedule = params.num_assistant_tokens_schedule or "heuristic"
-    if params.prompt_lookup_num_tokens is not None:
-        return Speculation(
-            PROMPT_LOOKUP,
-            DraftLength(params.prompt_lookup_num_tokens, "constant"),
-            max_ngram_size=params.max_matching_ngram_size or 2,
-        )
-    length = DraftLength(params.num_assistant_tokens or 5, schedule)
-    threshold = params.assistant_confidence_threshold
-    if params.assistant_early_exit is not None:
-        return Speculation(
-            EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit, confidence_threshold=threshold
-        )
-    return Speculation(params.assistant_model, length, confidence_threshold=threshold)
-
-
-def _rejection_sample(scores: torch.Tensor, draft: int, q: torch.Tensor, generator: torch.Generator) -> int:
-    """Leviathan et al. 2023 (HF ``_speculative_sampling``): keep the draft with probability
-    min(1, p(d) / q(d)), else draw from norm(max(p - q, 0)); the result is distributed as p."""
-    p = torch.softmax(scores, dim=-1)  # [vocab_size] the target's processed distribution
-    if float(torch.rand(1, generator=generator)) * float(q[draft]) <= float(p[draft]):
-        return draft
-    residual = (p - q).clamp(min=0)
-    total = float(residual.sum())
-    residual = residual / total if total > 0 else p
-    return int(torch.multinomial(residual, 1, generator=generator))

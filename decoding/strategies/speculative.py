@@ -19,6 +19,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from decoding.params import GenerationParams
+
 PROMPT_LOOKUP = "prompt_lookup"
 EARLY_EXIT = "early_exit"
 
@@ -67,6 +71,7 @@ class DraftLength:
     patience: int = 2
     max_pause: int = 512
     max_overhead: float = 0.05
+    verify_cost: float = 0.02  # extra target-step cost per verified draft token
     current: int = field(init=False)
     _poor_rounds: int = field(default=0, init=False)
     _pause: int = field(default=0, init=False)
@@ -91,7 +96,9 @@ class DraftLength:
                 self.current += 2
             else:
                 self.current = max(self.minimum, self.current - 1)
-        wasted = (1 + cost_steps) - (num_accepted + 1)  # target steps this round lost, if positive
+        # target steps this round lost, if positive: drafting time, plus a margin for verifying
+        # the drafts in the target's forward (a wider row costs a little more than one token)
+        wasted = (1 + 1.1 * cost_steps + self.verify_cost * num_drafted) - (num_accepted + 1)
         if num_accepted / num_drafted >= self.min_acceptance and wasted <= 0:
             self._poor_rounds = 0
             self._next_pause = 4
@@ -121,3 +128,33 @@ class Speculation:
     num_accepted: int = 0
     draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
     draft_probs: list = field(default_factory=list)  # sampled drafts: q per draft, [vocab_size] each
+
+
+def speculation_for(params: GenerationParams) -> Speculation:
+    """A row's proposer and draft length from HF's knobs (defaults: 5 drafts, "heuristic")."""
+    schedule = params.num_assistant_tokens_schedule or "heuristic"
+    if params.prompt_lookup_num_tokens is not None:
+        return Speculation(
+            PROMPT_LOOKUP,
+            DraftLength(params.prompt_lookup_num_tokens, "constant"),
+            max_ngram_size=params.max_matching_ngram_size or 2,
+        )
+    length = DraftLength(params.num_assistant_tokens or 5, schedule)
+    threshold = params.assistant_confidence_threshold
+    if params.assistant_early_exit is not None:
+        return Speculation(
+            EARLY_EXIT, length, early_exit_layers=params.assistant_early_exit, confidence_threshold=threshold
+        )
+    return Speculation(params.assistant_model, length, confidence_threshold=threshold)
+
+
+def rejection_sample(scores: torch.Tensor, draft: int, q: torch.Tensor, generator: torch.Generator) -> int:
+    """Leviathan et al. 2023 (HF ``_speculative_sampling``): keep the draft with probability
+    min(1, p(d) / q(d)), else draw from norm(max(p - q, 0)); the result is distributed as p."""
+    p = torch.softmax(scores, dim=-1)  # [vocab_size] the target's processed distribution
+    if float(torch.rand(1, generator=generator)) * float(q[draft]) <= float(p[draft]):
+        return draft
+    residual = (p - q).clamp(min=0)
+    total = float(residual.sum())
+    residual = residual / total if total > 0 else p
+    return int(torch.multinomial(residual, 1, generator=generator))
