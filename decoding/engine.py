@@ -27,7 +27,7 @@ from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam
 from decoding.strategies.contrastive import MAX_CONTRASTIVE_TOP_K, ContrastiveSearch
 from decoding.strategies.dola import dola_candidate_layers, dola_contrast
 from decoding.strategies.drafting import Drafter, make_assistant
-from decoding.strategies.speculative import rejection_sample, speculation_for
+from decoding.strategies.speculative import speculation_for, verify_drafts
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
 from decoding.token_logprobs import prompt_logprob_entries, token_logprob
@@ -360,32 +360,19 @@ class Engine:
                     row.speculation.drafts = []
 
     def _verify(self, request: Request, row: Row, logits: torch.Tensor) -> None:
-        """Pick each position's token as plain decoding would; keep drafts while they match."""
         spec = row.speculation
-        drafts, spec.drafts = spec.drafts, []
+        drafts = spec.drafts
         start = row.num_cached
-        accepted = 0
-        emitted = 0
         now = time.monotonic()
         gap = now - row.last_token_time if row.last_token_time is not None else None
-        draft_probs, spec.draft_probs = spec.draft_probs, []
-        rejection = len(draft_probs) == len(drafts) and request.params.do_sample
-        for i in range(len(drafts) + 1):
-            batch = SamplingBatch.from_rows([row.sampling], self.device)
-            scores = batch.process(logits[i : i + 1])
-            if rejection and i < len(drafts):
-                token = rejection_sample(scores[0], drafts[i], draft_probs[i], row.sampling.generator)
-            else:
-                token = batch.sample(scores)[0]
-            self._commit_token(request, row, token, logits[i], now)
-            emitted += 1
-            if row.finished or i == len(drafts) or token != drafts[i]:
-                break
-            accepted += 1
+
+        def commit(token: int, position_logits: torch.Tensor) -> bool:
+            self._commit_token(request, row, token, position_logits, now)
+            return row.finished
+
+        accepted, emitted = verify_drafts(row.sampling, spec, logits, commit, self.device)
         row.num_cached = start + 1 + accepted  # rejected drafts: a length change, no copy
         self.drafter.rollback(row, len(row.sampling.history) - 1)
-        spec.num_drafted += len(drafts)
-        spec.num_accepted += accepted
         cost_steps = spec.draft_seconds / self._step_seconds if self._step_seconds else 0.0
         spec.length.update(len(drafts), accepted, cost_steps)
         self.observer.on_speculation(spec.proposer, len(drafts), accepted)

@@ -17,11 +17,13 @@ then (exponentially rarer), which bounds the extra verification work.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
 from decoding.params import GenerationParams
+from decoding.sampling import RowSamplingState, SamplingBatch
 
 PROMPT_LOOKUP = "prompt_lookup"
 EARLY_EXIT = "early_exit"
@@ -158,3 +160,38 @@ def rejection_sample(scores: torch.Tensor, draft: int, q: torch.Tensor, generato
     total = float(residual.sum())
     residual = residual / total if total > 0 else p
     return int(torch.multinomial(residual, 1, generator=generator))
+
+
+def verify_drafts(
+    sampling: RowSamplingState,
+    spec: Speculation,
+    logits: torch.Tensor,
+    commit: Callable[[int, torch.Tensor], bool],
+    device: torch.device,
+) -> tuple[int, int]:
+    """Settle the positions the target just ran for ``[last token] + spec.drafts``.
+
+    ``logits``: ``[1 + num_drafts, vocab_size]``. Each position's token is picked as plain decoding
+    would (or by rejection sampling for drafts drawn from a distribution) and handed to
+    ``commit(token, logits_row)``, which returns True once the row finished; drafts are kept while
+    they equal the pick. Returns (drafts accepted, tokens committed).
+    """
+    drafts, spec.drafts = spec.drafts, []
+    draft_probs, spec.draft_probs = spec.draft_probs, []
+    rejection = len(draft_probs) == len(drafts) and sampling.params.do_sample
+    accepted = emitted = 0
+    for i in range(len(drafts) + 1):
+        batch = SamplingBatch.from_rows([sampling], device)
+        scores = batch.process(logits[i : i + 1])
+        if rejection and i < len(drafts):
+            token = rejection_sample(scores[0], drafts[i], draft_probs[i], sampling.generator)
+        else:
+            token = batch.sample(scores)[0]
+        finished = commit(token, logits[i])
+        emitted += 1
+        if finished or i == len(drafts) or token != drafts[i]:
+            break
+        accepted += 1
+    spec.num_drafted += len(drafts)
+    spec.num_accepted += accepted
+    return accepted, emitted
