@@ -74,6 +74,15 @@ class EngineHarness:
     def text(self, request_id: str, index: int = 0) -> str:
         return "".join(d.text for out in self.outputs[request_id] for d in out.deltas if d.index == index)
 
+    def sequence_scores(self, request_id: str) -> list[float]:
+        """Beam scores of the returned choices, in choice order (sent with logprobs)."""
+        return [
+            d.sequence_score
+            for out in self.outputs[request_id]
+            for d in sorted(out.deltas, key=lambda d: d.index)
+            if d.sequence_score is not None
+        ]
+
     def finish_reason(self, request_id: str, index: int = 0) -> str | None:
         reasons = [d.finish_reason for out in self.outputs[request_id] for d in out.deltas if d.index == index]
         reasons = [r for r in reasons if r is not None]

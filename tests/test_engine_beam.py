@@ -49,13 +49,7 @@ def hf_beam(model, prompt: list[int], seed: int | None = None, **kwargs) -> tupl
 
 def engine_beam(harness: EngineHarness, request_id: str, n: int) -> tuple[list[list[int]], list[float]]:
     sequences = [harness.token_ids(request_id, i) for i in range(n)]
-    scores = [
-        d.sequence_score
-        for out in harness.outputs[request_id]
-        for d in sorted(out.deltas, key=lambda d: d.index)
-        if d.sequence_score is not None
-    ]
-    return sequences, scores
+    return sequences, harness.sequence_scores(request_id)
 
 
 def beam_params(hf_kwargs: dict) -> GenerationParams:

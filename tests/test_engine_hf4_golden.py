@@ -57,13 +57,7 @@ def expected(case: dict) -> list[list[int]]:
 def ours(harness: EngineHarness, request_id: str, case: dict) -> tuple[list[list[int]], list[float]]:
     n = len(case["sequences"])
     sequences = [harness.token_ids(request_id, i) for i in range(n)]
-    scores = [
-        d.sequence_score
-        for out in harness.outputs[request_id]
-        for d in sorted(out.deltas, key=lambda d: d.index)
-        if d.sequence_score is not None
-    ]
-    return sequences, scores
+    return sequences, harness.sequence_scores(request_id)
 
 
 def check(harness: EngineHarness, request_id: str, case: dict) -> None:

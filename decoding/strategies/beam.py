@@ -35,6 +35,13 @@ class Hypothesis:
     token_ids: list[int]
     logprobs: list[TokenLogprob] = field(default_factory=list)  # raw logprobs, only when asked
 
+    def extend(
+        self, token: int, logits: torch.Tensor, token_logprob: Callable[[torch.Tensor, int], TokenLogprob] | None
+    ) -> Hypothesis:
+        """This hypothesis plus ``token``; ``logits`` are the step's (for the logprob, when asked)."""
+        logprobs = self.logprobs if token_logprob is None else [*self.logprobs, token_logprob(logits, token)]
+        return Hypothesis([*self.token_ids, token], logprobs)
+
 
 @dataclass
 class BeamStep:
@@ -103,7 +110,9 @@ class BeamSearch:
         top_scores, chosen = top_scores[0], chosen[0]  # [beams_to_keep]
         parents = (chosen // vocab_size).tolist()
         tokens = (chosen % vocab_size).tolist()
-        candidates = [self._extend(self.running[p], t, log_probs[p]) for p, t in zip(parents, tokens, strict=True)]
+        candidates = [
+            self.running[p].extend(t, log_probs[p], self.token_logprob) for p, t in zip(parents, tokens, strict=True)
+        ]
         hits = torch.tensor([self._hits_stop(c.token_ids) for c in candidates])  # [beams_to_keep] bool
 
         # e. the best num_beams candidates that did not stop keep running
@@ -128,12 +137,6 @@ class BeamSearch:
         torch fills the rest with zero-probability tokens (their score is -inf, so they only run
         when nothing else can), exactly as in HF."""
         return torch.multinomial(probs, num_samples=self.beams_to_keep, generator=self.generator)
-
-    def _extend(self, parent: Hypothesis, token: int, log_probs: torch.Tensor) -> Hypothesis:
-        logprobs = parent.logprobs
-        if self.token_logprob is not None:
-            logprobs = [*logprobs, self.token_logprob(log_probs, token)]
-        return Hypothesis([*parent.token_ids, token], logprobs)
 
     def _hits_stop(self, token_ids: list[int]) -> bool:
         # HF's MaxLengthCriteria and EosTokenCriteria, plus OpenAI stop strings / stop tokens

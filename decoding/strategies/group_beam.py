@@ -116,7 +116,7 @@ class GroupBeamSearch:
                 parents[j] = parent
                 new_scores[j] = score
                 current_tokens[j] = token
-                new_running[j] = self._extend(self.running[parent], token, logits[parent])
+                new_running[j] = self.running[parent].extend(token, logits[parent], self.token_logprob)
                 state = self.states[parent].fork()
                 state.append(token)
                 new_states[j] = state
@@ -152,7 +152,7 @@ class GroupBeamSearch:
             if ends:
                 if rank >= size:
                     continue
-                hypothesis = self._extend(self.running[parent], token, logits[parent - start])
+                hypothesis = self.running[parent].extend(token, logits[parent - start], self.token_logprob)
                 self.finished[group].add(hypothesis, score, generated_len, stopped=True)
             else:
                 chosen.append((score, parent, token))
@@ -161,12 +161,6 @@ class GroupBeamSearch:
         best = float(top_scores[0, 0])
         self.group_done[group] = self.group_done[group] or self.finished[group].is_done(best, generated_len)
         return chosen
-
-    def _extend(self, parent: Hypothesis, token: int, logits: torch.Tensor) -> Hypothesis:
-        logprobs = parent.logprobs
-        if self.token_logprob is not None:
-            logprobs = [*logprobs, self.token_logprob(logits, token)]
-        return Hypothesis([*parent.token_ids, token], logprobs)
 
     # ---- the end ----------------------------------------------------------------------------------------
     def _finalize(self) -> None:
