@@ -14,7 +14,7 @@ from decoding.config import EngineConfig
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import LoadedModel, load_model
 from decoding.telemetry import EngineObserver
-from decoding.weight_layout import transpose_linears
+from decoding.weight_layout import pack_linears
 from decoding.worker import Worker
 
 logger = logging.getLogger(__name__)
@@ -45,7 +45,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         attn_implementation=register_attention(),
     )
     model = loaded.model
-    transpose_linears(model)
+    pack_linears(model)
     if config.compile:
         model.forward = torch.compile(model.forward, dynamic=True)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
@@ -113,7 +113,7 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
         )  # fmt: skip
         name = name or loaded.served_name
         through_text = loaded.tokenizer.get_vocab() != target_vocab
-        transpose_linears(loaded.model)
+        pack_linears(loaded.model)
         assistants[name] = loaded
         logger.info(
             "assistant %s loaded from %s%s", name, spec, " (other tokenizer: drafts via text)" if through_text else ""

@@ -1,37 +1,41 @@
-"""Float32 linears on CPU that pick the fastest BLAS formulation for the number of tokens.
+"""CPU linears whose weights are packed once into oneDNN's blocked layout.
 
-Every decode step is a handful of skinny matrix products whose speed, on PyTorch's CPU BLAS,
-depends far more on how the product is phrased than on its size. Measured on this project's
-2-core AMD EPYC over SmolLM2-135M's 211 linear shapes plus its 49152x576 LM head
-(``/tmp``-free reproduction: ``loadtests/bench_linear_layouts.py``):
+Every decode step is a handful of skinny matrix products (one row per running sequence), and
+PyTorch's default CPU BLAS runs those far below what the machine can do: it re-reads and
+re-blocks the plain ``[out, in]`` weight on every call. oneDNN can block a weight once, at load
+time (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does for CPU
+linears), and then multiply any number of rows against it. Measured on this project's 2-core
+AMD EPYC over SmolLM2-135M's 210 linear shapes plus its 49152x576 LM head, float32
+(``.venv/bin/python loadtests/bench_linear_layouts.py``):
 
-    tokens   F.linear(x, W)   x @ W_t   (W @ x.T).T
-    1          36 ms          31 ms      37 ms
-    2          63 ms          46 ms      27 ms
-    4          68 ms          72 ms      28 ms
-    8          60 ms          73 ms      48 ms
-    16         74 ms          84 ms      62 ms
-    128       261 ms           -        273 ms
+    tokens   F.linear(x, W)   x @ W_t   (W @ x.T).T   oneDNN packed
+    1          49 ms          42 ms      56 ms          26 ms
+    4          68 ms          86 ms      42 ms          36 ms
+    16         75 ms          82 ms      80 ms          44 ms
+    64        158 ms         154 ms     225 ms          97 ms
+    512       912 ms        1162 ms    1165 ms         701 ms
 
-So a single token multiplies by a transposed copy ``W_t`` (contiguous ``[in, out]``), 2 to 64
-tokens compute ``W @ x.T`` and transpose the small result back, and larger prefill chunks use the
-plain ``F.linear``. Keeping both layouts costs one extra copy of the weights (538 MB for
-SmolLM2 in float32); it buys ~15% at batch 1 and up to 2x per decode step at 2-16 rows. Results
-equal ``F.linear`` up to float reassociation (the greedy parity tests run through this layer).
-bfloat16 is left alone: its transposed product is 20x slower here.
+So one packed copy serves every batch size, prefill chunks included: decode steps with 16 rows
+run their linears in about half the time. The packed copy replaces the transposed copies an
+earlier layout kept; ``weight`` stays (tied embeddings, state dicts and hooks still see it).
+Results equal ``F.linear`` up to float reassociation (the HF parity tests run through this
+layer). bfloat16 weights pack the same way and use the CPU's bf16 dot-product instructions.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-SKINNY_MAX_TOKENS = 64
+logger = logging.getLogger(__name__)
+
+PACKING_BATCH_HINT = 64  # oneDNN picks its blocking for this many rows; measured best from 1 to 512
 
 
-class CpuLinear(nn.Module):
-    """Drop-in for ``nn.Linear`` (same ``weight``/``bias``) with a transposed copy for one token."""
+class PackedLinear(nn.Module):
+    """Drop-in for ``nn.Linear`` (same ``weight``/``bias``) multiplying by a oneDNN-packed copy."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -39,31 +43,35 @@ class CpuLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.weight_t = nn.Parameter(linear.weight.detach().t().contiguous(), requires_grad=False)
+        # an opaque mkldnn tensor, not a parameter: it is a cache of ``weight``, never trained or saved
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), PACKING_BATCH_HINT)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, self.in_features)  # [num_tokens, in_features]
-        num_tokens = flat.shape[0]
-        if num_tokens == 1:
-            out = flat @ self.weight_t
-        elif num_tokens <= SKINNY_MAX_TOKENS:
-            out = (self.weight @ flat.t()).t().contiguous()
-        else:
-            return F.linear(hidden, self.weight, self.bias)
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*hidden.shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(hidden, self.packed, self.bias, "none", [], "")
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
-def transpose_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` of a float32 CPU model in place; returns how many were replaced."""
+def can_pack(model: nn.Module) -> bool:
+    """Packing needs a CPU model in float32 or bfloat16 and a PyTorch built with oneDNN."""
     first = next(model.parameters())
-    if first.device.type != "cpu" or first.dtype != torch.float32:
+    return (
+        first.device.type == "cpu"
+        and first.dtype in (torch.float32, torch.bfloat16)
+        and torch.backends.mkldnn.is_available()
+    )
+
+
+def pack_linears(model: nn.Module) -> int:
+    """Replace every ``nn.Linear`` of a CPU model in place; returns how many were replaced."""
+    if not can_pack(model):
         return 0
     replaced = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if type(child) is nn.Linear:
-                setattr(module, name, CpuLinear(child))
+                setattr(module, name, PackedLinear(child))
                 replaced += 1
+    logger.debug("packed %d linears for oneDNN", replaced)
     return replaced

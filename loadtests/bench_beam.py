@@ -20,7 +20,7 @@ from decoding.attention import register_attention
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import load_model
 from decoding.params import GenerationParams
-from decoding.weight_layout import transpose_linears
+from decoding.weight_layout import pack_linears
 
 PROMPTS = [
     "Write a long story about a dragon who learns to bake bread in a small mountain village.",
@@ -77,7 +77,7 @@ def main() -> None:
     tokenizer = reference.tokenizer
     prompts = [chat_ids(tokenizer, p) for p in PROMPTS]
     served = load_model(args.model, dtype="float32", attn_implementation=register_attention()).model
-    transpose_linears(served)
+    pack_linears(served)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=4 * args.num_beams, max_num_batched_tokens=512)
     eos = reference.eos_token_ids
     engine = Engine(served, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))

@@ -20,13 +20,16 @@ SHAPES = LAYER * 30 + [(49152, 576)]
 def main() -> None:
     weights = [torch.randn(o, i) for o, i in SHAPES]
     transposed = [w.t().contiguous() for w in weights]
+    # oneDNN's blocked layout, packed once for a batch hint (what decoding/weight_layout.py uses)
+    packed = {id(w): torch.ops.mkldnn._reorder_linear_weight(w, 64) for w in weights}
     modes = {
         "F.linear(x, W)": lambda x, w, wt: F.linear(x, w),
         "x @ W_t": lambda x, w, wt: x @ wt,
         "(W @ x.T).T": lambda x, w, wt: (w @ x.t()).t().contiguous(),
+        "oneDNN packed": lambda x, w, wt: torch.ops.mkldnn._linear_pointwise(x, packed[id(w)], None, "none", [], ""),
     }
     print(f"{'tokens':>6}  " + "  ".join(f"{m:>16}" for m in modes))
-    for tokens in (1, 2, 4, 8, 16, 32, 128):
+    for tokens in (1, 2, 4, 8, 16, 32, 64, 128, 512):
         inputs = {i: torch.randn(tokens, i) for i in (576, 1536)}
         row = []
         for fn in modes.values():

@@ -25,7 +25,7 @@ from decoding.engine import Engine, EngineLimits
 from decoding.loading import load_model
 from decoding.params import GenerationParams
 from decoding.telemetry import EngineObserver
-from decoding.weight_layout import transpose_linears
+from decoding.weight_layout import pack_linears
 
 PASSAGE = (
     "The old lighthouse on the northern cape had not been lit for thirty years when Mara arrived with "
@@ -101,7 +101,7 @@ def main() -> None:
     args = parser.parse_args()
     reference = load_model(args.model, dtype="float32", attn_implementation="sdpa")
     served = load_model(args.model, dtype="float32", attn_implementation=register_attention())
-    transpose_linears(served.model)
+    pack_linears(served.model)
     tokenizer = reference.tokenizer
     limits = EngineLimits(max_model_len=2048, max_num_seqs=4, max_num_batched_tokens=1024)
     engine = Engine(
@@ -153,7 +153,7 @@ def universal_rows(args: argparse.Namespace, smol_ref, smol_served, n: int) -> N
     """Target and assistant with different tokenizers, both directions."""
     gemma_ref = load_model("gemma3-270m", dtype="float32", attn_implementation="sdpa")
     gemma_served = load_model("gemma3-270m", dtype="float32", attn_implementation=register_attention())
-    transpose_linears(gemma_served.model)
+    pack_linears(gemma_served.model)
     pairs = [
         ("SmolLM2 <- Gemma 3 270M", smol_ref, smol_served, gemma_ref, gemma_served, True),
         ("Gemma 3 270M <- SmolLM2", gemma_ref, gemma_served, smol_ref, smol_served, False),

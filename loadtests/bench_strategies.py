@@ -27,7 +27,7 @@ from decoding.attention import register_attention
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import load_model
 from decoding.params import GenerationParams
-from decoding.weight_layout import transpose_linears
+from decoding.weight_layout import pack_linears
 
 PROMPT = "Write a long story about a dragon who learns to bake bread in a small mountain village."
 STRATEGIES = {
@@ -98,7 +98,7 @@ def main() -> None:
     parser.add_argument("--hf4-venv", default=None, help="also time transformers 4.x generate() from this venv")
     args = parser.parse_args()
     loaded = load_model(args.model, dtype="float32", attn_implementation=register_attention())
-    transpose_linears(loaded.model)
+    pack_linears(loaded.model)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=8, max_num_batched_tokens=512)
     tokenizer = copy.deepcopy(loaded.tokenizer)
     engine = Engine(loaded.model, tokenizer, loaded.eos_token_ids, limits, lambda _: None, torch.device("cpu"))

@@ -11,7 +11,7 @@ from decoding.attention import register_attention
 from decoding.engine import Engine, EngineLimits
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
-from decoding.weight_layout import transpose_linears
+from decoding.weight_layout import pack_linears
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, num_layers: int = 2) -> LlamaForCausalLM:
@@ -36,7 +36,7 @@ def as_served(model: torch.nn.Module) -> torch.nn.Module:
     weight layout."""
     ours = copy.deepcopy(model)
     ours.set_attn_implementation(register_attention())
-    transpose_linears(ours)
+    pack_linears(ours)
     return ours
 
 
