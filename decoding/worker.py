@@ -11,6 +11,7 @@ import queue
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -21,6 +22,7 @@ from decoding.params import GenerationParams
 logger = logging.getLogger(__name__)
 
 Sink = Callable[[RequestOutput], None]
+Extra = TypeVar("Extra")
 
 
 @dataclass
@@ -48,6 +50,35 @@ class Worker:
         self._sinks: dict[str, Sink] = {}
         self._thread = threading.Thread(target=self._run, name="decoda-worker", daemon=True)
         self._stopped = threading.Event()
+
+    @classmethod
+    def spawn(cls, build: Callable[[], tuple[Engine, Extra]]) -> tuple[Worker, Extra]:
+        """Start the worker thread, build the engine ON it, and return once it is built.
+
+        Building on the thread that steps the engine keeps every PyTorch op of the process on one
+        OpenMP team (see ``decoding/launch.py``). An exception from ``build`` is re-raised here.
+        """
+        built: dict[str, object] = {}
+        ready = threading.Event()
+
+        def build_then_run() -> None:
+            try:
+                engine, extra = build()
+                worker = cls(engine)
+                worker._thread = threading.current_thread()
+                built.update(worker=worker, extra=extra)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                built["error"] = exc
+                return
+            finally:
+                ready.set()
+            worker._run()
+
+        threading.Thread(target=build_then_run, name="decoda-worker", daemon=True).start()
+        ready.wait()
+        if "error" in built:
+            raise built["error"]
+        return built["worker"], built["extra"]
 
     # ---- called from any thread ----------------------------------------------------------------
     def start(self) -> None:

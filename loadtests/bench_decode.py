@@ -68,9 +68,10 @@ def build_engine(model_name: str, config_name: str, tokenizer: object, eos: list
     dtype = "bfloat16" if config_name.startswith("bf16") else "float32"
     loaded = load_model(model_name, dtype=dtype, attn_implementation=register_attention())
     model = loaded.model
-    pack_linears(model)
     if "compile" in config_name:
         model.forward = torch.compile(model.forward, dynamic=True)
+    else:
+        pack_linears(model)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=512)
     return Engine(model, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
 
