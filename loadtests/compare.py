@@ -6,11 +6,13 @@ Servers (each started as a subprocess on its own loopback port, waited for, meas
 - llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
   runs quantized (the others run the dequantized float32 weights), in its own virtualenv.
 
-Writes ``loadtests/results/comparison.md`` (table, command, date) and ``comparison.png``
-(throughput and TTFT p50 against concurrency). A peer that is missing or fails to start is
-recorded as such, not an error.
+The servers take turns over ``--rounds`` rounds (the order reversed every other round), since
+this machine's speed drifts over minutes; ratios are taken within a round, where both servers
+met the same machine. Writes ``loadtests/results/comparison.md`` (the goals' ratios, the table,
+command, date) and ``comparison.png`` (throughput and TTFT p50 against concurrency). A peer that
+is missing or fails to start is recorded as such, not an error.
 
-    .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 4
+    .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 3 --rounds 3
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import importlib.util
 import json
 import shutil
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,6 +39,7 @@ from loadtests.loadgen import run_load
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtests" / "results"
 DEFAULT_LLAMACPP = Path("/work/peers/llamacpp/bin/python")
+DECODA, TRANSFORMERS = "decoda", "transformers serve --continuous-batching"
 
 
 def free_port() -> int:
@@ -75,19 +79,19 @@ def without_eos(folder: Path) -> Path:
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
     """(command, model name to request) per server, or a string saying why it cannot run here."""
     commands: dict[str, tuple[list[str], str] | str] = {
-        "decoda": ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+        DECODA: ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
                     "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024"],
                    "smollm2-135m-instruct"),
     }  # fmt: skip
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
     folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
     if transformers_cli is None:
-        commands["transformers serve --continuous-batching"] = "not installed"
+        commands[TRANSFORMERS] = "not installed"
     elif folder is None:
-        commands["transformers serve --continuous-batching"] = "no converted model folder (run Decoda once)"
+        commands[TRANSFORMERS] = "no converted model folder (run Decoda once)"
     else:
         view = without_eos(folder)
-        commands["transformers serve --continuous-batching"] = ([
+        commands[TRANSFORMERS] = ([
             transformers_cli, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
             "--port", str(port), str(view),
         ], str(view))  # fmt: skip
@@ -156,7 +160,62 @@ def measure(
     return rows
 
 
-def write_markdown(rows: list[dict], problems: dict[str, str], command: str) -> Path:
+def median(values: list[float]) -> float:
+    return statistics.median(values) if values else float("nan")
+
+
+def summarize_rounds(rows: list[dict]) -> list[dict]:
+    """One line per (server, concurrency): the median over rounds, and each round's tok/s.
+
+    The latencies are those of the round whose throughput is the median one (for an even count,
+    the lower middle), so one line always describes one real run.
+    """
+    lines = []
+    for server in dict.fromkeys(r["server"] for r in rows):
+        for concurrency in dict.fromkeys(r["concurrency"] for r in rows if r["server"] == server):
+            runs = sorted(
+                (r for r in rows if r["server"] == server and r["concurrency"] == concurrency),
+                key=lambda r: r["output_tok_s"],
+            )
+            middle = dict(runs[(len(runs) - 1) // 2])
+            middle["rounds_tok_s"] = [r["output_tok_s"] for r in sorted(runs, key=lambda r: r["round"])]
+            middle["output_tok_s"] = median(middle["rounds_tok_s"])
+            middle["errors"] = sum(r["errors"] for r in runs)
+            middle["requests"] = sum(r["requests"] for r in runs)
+            lines.append(middle)
+    return lines
+
+
+def round_ratios(rows: list[dict], numerator: tuple[str, int], denominator: tuple[str, int]) -> list[float]:
+    """``numerator`` tok/s over ``denominator`` tok/s within each round that measured both."""
+    by_key = {(r["server"], r["concurrency"], r["round"]): r["output_tok_s"] for r in rows}
+    ratios = []
+    for round_ in sorted({r["round"] for r in rows}):
+        top, bottom = by_key.get((*numerator, round_)), by_key.get((*denominator, round_))
+        if top is not None and bottom:
+            ratios.append(top / bottom)
+    return ratios
+
+
+def goal_lines(rows: list[dict]) -> list[str]:
+    """The issue's two goals at the highest concurrency, per round and as the median of rounds."""
+    top = max(r["concurrency"] for r in rows)
+    low = min(r["concurrency"] for r in rows)
+
+    def describe(ratios: list[float]) -> str:
+        if not ratios:
+            return "not measured"
+        return f"**{median(ratios):.2f}x** (rounds: {', '.join(f'{x:.2f}x' for x in ratios)})"
+
+    return [
+        f"- Decoda at concurrency {top} vs Decoda at concurrency {low}: "
+        + describe(round_ratios(rows, (DECODA, top), (DECODA, low))),
+        f"- Decoda vs transformers serve --continuous-batching at concurrency {top}: "
+        + describe(round_ratios(rows, (DECODA, top), (TRANSFORMERS, top))),
+    ]
+
+
+def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num_rounds: int) -> Path:
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.0f}"
 
@@ -169,16 +228,22 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str) -> 
         "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
         "tokens/req shows what each server generated). Decoda and transformers serve run the",
         "dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer bytes).",
+        f"The servers took turns over {num_rounds} round(s), the order reversed every other round, because this",
+        "machine's speed drifts by up to 30% over minutes; tok/s is the median of the rounds (each round's",
+        "figure in brackets) and the latencies are those of the median round.",
         "",
-        "| server | conc | requests | errors | tokens/req | output tok/s | TTFT p50/p95 ms | ITL p50/p95 ms "
-        "| e2e p50/p95 s |",
+        *(goal_lines(rows) if rows else []),
+        "",
+        "| server | conc | requests | errors | tokens/req | output tok/s (rounds) | TTFT p50/p95 ms "
+        "| ITL p50/p95 ms | e2e p50/p95 s |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in rows:
+    for r in summarize_rounds(rows):
         e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
+        each = ", ".join(f"{x:.1f}" for x in r["rounds_tok_s"])
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | "
-            f"{r['tokens_per_request']:.0f} | {r['output_tok_s']:.1f} | "
+            f"{r['tokens_per_request']:.0f} | {r['output_tok_s']:.1f} ({each}) | "
             f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} |"
         )
     for name, problem in problems.items():
@@ -198,8 +263,9 @@ def write_plot(rows: list[dict]) -> Path | None:
         print("matplotlib not installed (pip install '.[bench]'): no plot", file=sys.stderr)
         return None
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    for server in dict.fromkeys(r["server"] for r in rows):
-        mine = [r for r in rows if r["server"] == server]
+    lines = summarize_rounds(rows)
+    for server in dict.fromkeys(r["server"] for r in lines):
+        mine = [r for r in lines if r["server"] == server]
         xs = [r["concurrency"] for r in mine]
         left.plot(xs, [r["output_tok_s"] for r in mine], marker="o", label=server)
         right.plot(xs, [(r["ttft_p50"] or 0) * 1000 for r in mine], marker="o", label=server)
@@ -223,6 +289,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=300.0, help="time bound per load level")
     parser.add_argument("--start-timeout", type=float, default=300.0)
     parser.add_argument("--servers", default="decoda,transformers,llama.cpp", help="comma list to run")
+    parser.add_argument("--rounds", type=int, default=3, help="times each server is measured, taking turns")
     parser.add_argument("--hf-folder", default=None, help="safetensors folder for transformers serve")
     parser.add_argument("--llamacpp-python", default=str(DEFAULT_LLAMACPP))
     args = parser.parse_args()
@@ -233,21 +300,26 @@ def main() -> None:
     wanted = args.servers.split(",")
     rows: list[dict] = []
     problems: dict[str, str] = {}
-    for name, spec in server_commands(args, free_port()).items():
-        if not any(name.startswith(w) for w in wanted):
-            continue
+    servers = [(name, spec) for name, spec in server_commands(args, free_port()).items()
+               if any(name.startswith(w) for w in wanted)]  # fmt: skip
+    for name, spec in servers:
         if isinstance(spec, str):
             problems[name] = spec
-            continue
-        command, model = spec
-        port = int(command[command.index("--port") + 1])
-        for row in measure(name, command, model, args, port, log_dir):
-            if "problem" in row:
-                problems[name] = row["problem"]
-            else:
-                rows.append(row)
+    runnable = [(name, spec) for name, spec in servers if not isinstance(spec, str)]
+    for round_ in range(1, args.rounds + 1):
+        order = runnable if round_ % 2 else runnable[::-1]  # reversed every other round: drift cancels
+        for name, (command, model) in order:
+            if name in problems:
+                continue
+            port = int(command[command.index("--port") + 1])
+            for row in measure(name, command, model, args, port, log_dir):
+                if "problem" in row:
+                    problems[name] = row["problem"]
+                else:
+                    row["round"] = round_
+                    rows.append(row)
     command_line = "python -m loadtests.compare " + " ".join(sys.argv[1:])
-    print(write_markdown(rows, problems, command_line.strip()).read_text())
+    print(write_markdown(rows, problems, command_line.strip(), args.rounds).read_text())
     plot = write_plot(rows)
     if plot:
         print(f"plot: {plot}")

@@ -51,3 +51,27 @@ def test_against_a_real_server():
     assert summary["errors"] == 0, summary["first_error"]
     assert summary["requests"] == 6 and summary["output_tokens"] == 30
     assert summary["ttft_p50"] >= 0.01 and summary["itl_p50"] >= 0.005
+
+
+def _row(server: str, concurrency: int, round_: int, tok_s: float) -> dict:
+    return {"server": server, "concurrency": concurrency, "round": round_, "output_tok_s": tok_s,
+            "errors": 0, "requests": 3}  # fmt: skip
+
+
+def test_compare_takes_medians_and_ratios_within_rounds():
+    from loadtests.compare import DECODA, TRANSFORMERS, goal_lines, round_ratios, summarize_rounds
+
+    rows = [
+        _row(DECODA, 1, 1, 20.0), _row(DECODA, 16, 1, 200.0), _row(TRANSFORMERS, 16, 1, 100.0),
+        _row(DECODA, 1, 2, 10.0), _row(DECODA, 16, 2, 150.0), _row(TRANSFORMERS, 16, 2, 50.0),
+        _row(DECODA, 1, 3, 30.0), _row(DECODA, 16, 3, 180.0),  # transformers missing in round 3
+    ]  # fmt: skip
+    assert round_ratios(rows, (DECODA, 16), (TRANSFORMERS, 16)) == [2.0, 3.0]
+    assert round_ratios(rows, (DECODA, 16), (DECODA, 1)) == [10.0, 15.0, 6.0]
+    lines = {(r["server"], r["concurrency"]): r for r in summarize_rounds(rows)}
+    decoda16 = lines[(DECODA, 16)]
+    assert decoda16["output_tok_s"] == 180.0 and decoda16["rounds_tok_s"] == [200.0, 150.0, 180.0]
+    assert decoda16["round"] == 3 and decoda16["requests"] == 9  # latencies come from the median round
+    assert lines[(TRANSFORMERS, 16)]["output_tok_s"] == 75.0
+    goals = goal_lines(rows)
+    assert "**10.00x**" in goals[0] and "**2.50x**" in goals[1]
