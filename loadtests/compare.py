@@ -270,7 +270,8 @@ def write_plot(rows: list[dict]) -> Path | None:
         left.plot(xs, [r["output_tok_s"] for r in mine], marker="o", label=server)
         right.plot(xs, [(r["ttft_p50"] or 0) * 1000 for r in mine], marker="o", label=server)
     left.set(xlabel="concurrent clients", ylabel="output tokens/s", title="Aggregate throughput")
-    right.set(xlabel="concurrent clients", ylabel="ms", title="Time to first token (p50)")
+    right.set(xlabel="concurrent clients", ylabel="ms (log scale)", title="Time to first token (p50)")
+    right.set_yscale("log")
     for axis in (left, right):
         axis.set_xscale("log", base=2)
         axis.grid(alpha=0.3)
@@ -320,6 +321,7 @@ def main() -> None:
                     rows.append(row)
     command_line = "python -m loadtests.compare " + " ".join(sys.argv[1:])
     print(write_markdown(rows, problems, command_line.strip(), args.rounds).read_text())
+    (RESULTS / "comparison.json").write_text(json.dumps({"rows": rows, "problems": problems}, indent=1))
     plot = write_plot(rows)
     if plot:
         print(f"plot: {plot}")
