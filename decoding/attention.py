@@ -218,7 +218,7 @@ def _attend(
         q = query[:, :, offset : offset + seg.length]  # [1, num_heads, length, head_dim]
         k = layer_keys[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
         v = layer_values[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
-        # PyTorch's flash kernel: 1.1x to 3x faster than grouped_attention for many queries
+        # PyTorch's flash kernel: 1.1x to 3x faster than grouped_attention for many float32 queries
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=layout.multi_mask(index, sliding_window), scale=scaling, enable_gqa=gqa
         )
@@ -242,7 +242,8 @@ def grouped_attention(
     never repeated. Scores and softmax are float32 whatever the model dtype. For decode rows
     (one query each) this beats PyTorch's CPU flash kernel: 16 rows at ~200 positions take
     226 us instead of 322 in float32 and 311 instead of 1598 in bfloat16 (whose flash path is
-    slow on CPU); for many queries at once (prefill) the flash kernel wins, so those keep it.
+    slow on CPU); for many float32 queries at once (prefill) the flash kernel wins, so those keep
+    it (in bfloat16 this function would win there too: 3.4 ms vs 4.7 for a 512-token chunk).
     """
     batch, num_heads, num_queries, head_dim = query.shape
     num_kv_heads, kv_len = keys.shape[1], keys.shape[2]
