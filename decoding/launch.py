@@ -42,6 +42,14 @@ def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) ->
     return config.max_model_len
 
 
+def prepare_forward(model: torch.nn.Module, *, compile: bool) -> None:
+    """Compile the forward, or pack the linears: inductor cannot trace oneDNN-packed weights."""
+    if compile:
+        model.forward = torch.compile(model.forward, dynamic=True)
+    else:
+        pack_linears(model)
+
+
 @dataclass
 class _Built:
     loaded: LoadedModel
@@ -82,10 +90,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         attn_implementation=register_attention(),
     )
     model = loaded.model
-    if config.compile:  # inductor lays out the weights itself; it cannot trace oneDNN-packed ones
-        model.forward = torch.compile(model.forward, dynamic=True)
-    else:
-        pack_linears(model)
+    prepare_forward(model, compile=config.compile)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
     assistants = load_assistants(config, loaded)
     limits = EngineLimits(

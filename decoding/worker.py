@@ -44,11 +44,12 @@ class _Stop:
 
 class Worker:
     def __init__(self, engine: Engine) -> None:
+        """Made by ``spawn`` on the thread that built ``engine`` and will step it."""
         self.engine = engine
         engine.emit = self._dispatch
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
         self._sinks: dict[str, Sink] = {}
-        self._thread = threading.Thread(target=self._run, name="decoda-worker", daemon=True)
+        self._thread = threading.current_thread()
         self._stopped = threading.Event()
 
     @classmethod
@@ -65,7 +66,6 @@ class Worker:
             try:
                 engine, extra = build()
                 worker = cls(engine)
-                worker._thread = threading.current_thread()
                 built.update(worker=worker, extra=extra)
             except BaseException as exc:  # noqa: BLE001 - handed to the caller below
                 built["error"] = exc
@@ -81,9 +81,6 @@ class Worker:
         return built["worker"], built["extra"]
 
     # ---- called from any thread ----------------------------------------------------------------
-    def start(self) -> None:
-        self._thread.start()
-
     def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, sink: Sink) -> None:
         self._inbox.put(_Submit(request_id, prompt_ids, params, sink))
 

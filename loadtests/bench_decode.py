@@ -18,9 +18,9 @@ import torch
 
 from decoding.attention import register_attention
 from decoding.engine import Engine, EngineLimits
+from decoding.launch import prepare_forward
 from decoding.loading import load_model
 from decoding.params import GenerationParams
-from decoding.weight_layout import pack_linears
 
 PROMPT = "Write a long story about a dragon who learns to bake bread in a small mountain village."
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}
@@ -68,10 +68,7 @@ def build_engine(model_name: str, config_name: str, tokenizer: object, eos: list
     dtype = "bfloat16" if config_name.startswith("bf16") else "float32"
     loaded = load_model(model_name, dtype=dtype, attn_implementation=register_attention())
     model = loaded.model
-    if "compile" in config_name:
-        model.forward = torch.compile(model.forward, dynamic=True)
-    else:
-        pack_linears(model)
+    prepare_forward(model, compile="compile" in config_name)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=512)
     return Engine(model, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
 
