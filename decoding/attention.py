@@ -30,6 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface
 from decoding.kv_cache import KVPool
 
 ATTENTION_NAME = "decoda"
+LAYOUT_KWARG = "decoda_layout"  # the model forwards this keyword down to every attention call
 
 
 @dataclass(frozen=True)
@@ -81,13 +82,13 @@ class StepLayout:
             self.decode_slots = torch.tensor(decode_slots, dtype=torch.long, device=device)
             # A view of the leading slots works when the decode rows are exactly those slots.
             self.decode_dense = decode_slots == list(range(self.decode_view))
-            lengths = torch.ones(self.decode_view, dtype=torch.long)  # idle slots see key 0 only
-            query_pos = torch.zeros(self.decode_view, dtype=torch.long)
+            lengths = [1] * self.decode_view  # idle slots see key 0 only
+            query_pos = [0] * self.decode_view
             for seg in self.decode:
                 lengths[seg.slot] = seg.start + 1
                 query_pos[seg.slot] = seg.start
-            self._decode_lengths = lengths.to(device)
-            self._decode_query_pos = query_pos.to(device)
+            self._decode_lengths = torch.tensor(lengths, dtype=torch.long, device=device)  # [decode_view]
+            self._decode_query_pos = torch.tensor(query_pos, dtype=torch.long, device=device)  # [decode_view]
 
     def decode_bias(self, sliding_window: int | None) -> torch.Tensor:
         """``[decode_view, 1, 1, decode_kv_len]`` float32: 0 where a row may attend, -inf elsewhere."""
@@ -129,10 +130,11 @@ _active: list[StepLayout | None] = [None]
 
 @contextmanager
 def active_layout(layout: StepLayout) -> Iterator[None]:
-    """Make ``layout`` the one every attention layer of the next forward uses.
+    """Make ``layout`` the one every attention layer of the next COMPILED forward uses.
 
-    The layout travels beside the model call instead of through it so that a ``torch.compile``d
-    forward sees only tensors: a new Python object per step would otherwise re-trigger guards.
+    An eager forward gets its layout as a keyword argument (``LAYOUT_KWARG``). A
+    ``torch.compile``d forward must see only tensors (a new Python object per step would re-trigger
+    its guards), so for it the layout travels beside the call, read by the opaque custom op.
     """
     _active[0] = layout
     try:
@@ -177,8 +179,9 @@ def decoda_attention(
     if kwargs.get("softcap") is not None:
         raise ValueError("attention logit soft-capping is not supported by decoda attention")
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    if not torch.compiler.is_compiling():  # eager: skip the custom op's dispatch, ~0.1 ms a layer
-        return _attend(_current_layout(), module.layer_idx, query, key, value, float(scale), sliding_window), None
+    layout = kwargs.get(LAYOUT_KWARG)
+    if layout is not None:  # eager: the layout came with the call, no custom-op dispatch (~0.1 ms a layer)
+        return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window), None
     window = -1 if sliding_window is None else int(sliding_window)
     return packed_attention(query, key, value, module.layer_idx, float(scale), window), None
 

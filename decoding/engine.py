@@ -1,15 +1,16 @@
-"""The engine step: admit, plan every row's tokens, one forward, sample, stop, stream.
+"""The engine step: expire, admit, draft, plan, one forward, consume, sample, stream.
 
 The engine is synchronous and single-threaded: the worker thread owns it and calls ``step()`` in
-a loop. Everything a request needs between steps lives in its ``Request``; the engine only wires
-scheduler, runner, sampler and streamers together and reports ``RequestOutput``s through ``emit``.
+a loop. It asks every running request's strategy the same questions (``strategies/base.py``) and
+never which strategy it is; everything a request needs between steps lives in its ``Request`` and
+its strategy. Outputs leave through ``emit`` as ``RequestOutput``s.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -17,20 +18,17 @@ import torch
 from decoding.detokenizer import token_text
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
-from decoding.outputs import FinishReason, RequestOutput, TokenLogprob
-from decoding.params import GenerationParams, Strategy
+from decoding.outputs import RequestOutput, TokenLogprob
+from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
 from decoding.request import Request, Row
-from decoding.sampling import RowSamplingState, SamplingBatch, make_generator
+from decoding.sampling import BatchSampler, RowSamplingState, make_generator
 from decoding.scheduler import Scheduler
-from decoding.stats import StepStats
-from decoding.strategies.beam_rows import advance_beams, finish_beams, make_beam_search, plan_beam_rows
-from decoding.strategies.contrastive import MAX_CONTRASTIVE_TOP_K, ContrastiveSearch
-from decoding.strategies.dola import dola_candidate_layers, dola_contrast
+from decoding.stopping import StopChecker
+from decoding.strategies import EngineContext, Pick, make_strategy
 from decoding.strategies.drafting import Drafter, make_assistant
-from decoding.strategies.speculative import speculation_for, verify_drafts
 from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
-from decoding.token_logprobs import prompt_logprob_entries, token_logprob
+from decoding.token_logprobs import prompt_logprob_entries
 
 logger = logging.getLogger(__name__)
 
@@ -44,11 +42,12 @@ class EngineLimits:
 
 
 @dataclass
-class _Work:
+class _Fed:
+    """One row of this step's forward: whose it is, what it fed, whether it is a prompt chunk."""
+
     request: Request
-    row: Row | None  # None: a prompt chunk (written into the prefill slot) or a beam row
-    num_tokens: int
-    beam: int | None = None  # the beam this decode row runs, for beam requests
+    row_input: RowInput
+    prompt: bool
 
 
 class Engine:
@@ -63,472 +62,254 @@ class Engine:
         observer: EngineObserver | None = None,
         assistants: dict[str, object] | None = None,
     ) -> None:
+        """``assistants``: name -> a model sharing the target's tokenizer, or a
+        ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
         config = model.config.get_text_config()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.pool = KVPool(
-            num_layers=config.num_hidden_layers,
-            num_slots=limits.max_num_seqs,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=head_dim,
-            max_model_len=limits.max_model_len + MAX_CONTRASTIVE_TOP_K,  # + contrastive candidates' scratch
-            dtype=next(model.parameters()).dtype,
-            device=device,
+        scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
+        self.pool = KVPool.for_model(
+            model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device
         )
         self.runner = ModelRunner(model, self.pool, device)
-        spare = MAX_CONTRASTIVE_TOP_K
         drafters = {}
         for name, assistant in (assistants or {}).items():
-            # a model shares the target's tokenizer; (model, tokenizer, eos ids) drafts through text
             model_, tokenizer_, eos_ = assistant if isinstance(assistant, tuple) else (assistant, None, None)
             drafters[name] = make_assistant(
-                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + spare, device, tokenizer_, eos_
+                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + scratch, device, tokenizer_, eos_
             )
         self.drafter = Drafter(self.runner, drafters, set(eos_token_ids), tokenizer)
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
+        self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
         self.eos_token_ids = set(eos_token_ids)
-        self.eos_token_list = list(eos_token_ids)  # in the model's order: HF pads with the first
         pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
         if isinstance(pad, list):
             pad = pad[0] if pad else None
-        self.pad_token_id = pad if pad is not None else (self.eos_token_list[0] if self.eos_token_list else 0)
         self.vocab_size = config.vocab_size
         self.num_layers = config.num_hidden_layers
-        self.tied_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = model.get_output_embeddings()
+        self.ctx = EngineContext(
+            device=device,
+            pool=self.pool,
+            num_layers=self.num_layers,
+            vocab_size=self.vocab_size,
+            eos_token_ids=list(eos_token_ids),
+            pad_token_id=pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0),
+            max_model_len=limits.max_model_len,
+            lm_head=model.get_output_embeddings(),
+            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
+            token_text=self._token_text,
+            observer=observer or EngineObserver(),
+        )
         self.limits = limits
         self.emit = emit
         self.device = device
         self.requests: dict[str, Request] = {}
-        self.stats = StepStats()
-        self.observer = observer or EngineObserver()
-        self._sampling_key: tuple[int, ...] = ()
-        self._step_seconds: float | None = None
-        self._sampling_batch: SamplingBatch | None = None
+
+    # the strategies read these through the context; tests and the worker set them here
+    @property
+    def observer(self) -> EngineObserver:
+        return self.ctx.observer
+
+    @observer.setter
+    def observer(self, observer: EngineObserver) -> None:
+        self.ctx.observer = observer
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.ctx.pad_token_id
+
+    @pad_token_id.setter
+    def pad_token_id(self, pad_token_id: int) -> None:
+        self.ctx.pad_token_id = pad_token_id
 
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
         generator = make_generator(params.seed, self.device) if params.do_sample else None
-        beam_search = params.num_beams > 1
-        rows = []
-        for index in range(params.n):
-            sampling = None
-            if not beam_search:
-                sampling = RowSamplingState(params, prompt_ids, list(self.eos_token_ids), self.vocab_size, generator)
-            streamer = DeltaStreamer(
-                self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
+        max_new_tokens = min(params.max_new_tokens, self.limits.max_model_len - len(prompt_ids))
+
+        def decode(ids: list[int]) -> str:
+            return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+        rows = [
+            Row(
+                index=index,
+                sampling=RowSamplingState(
+                    params, prompt_ids, self.ctx.eos_token_ids, self.vocab_size, generator, self.device
+                ),
+                streamer=DeltaStreamer(
+                    self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
+                ),
+                stop=StopChecker(params, self.eos_token_ids, max_new_tokens, decode),
             )
-            rows.append(Row(index=index, sampling=sampling, streamer=streamer))
-        request = Request(request_id, list(prompt_ids), params, rows, generator=generator)
-        if params.strategy is Strategy.CONTRASTIVE:
-            for row in rows:
-                row.contrastive = ContrastiveSearch(params.penalty_alpha, params.top_k)
-        if params.dola_layers is not None:
-            request.dola_layers = dola_candidate_layers(params.dola_layers, self.num_layers, self.tied_embeddings)
-        if params.strategy is Strategy.ASSISTED:
-            for row in rows:
-                row.speculation = speculation_for(params)
-        if beam_search:
-            request.beam = make_beam_search(
-                request,
-                self.eos_token_list,
-                self.pad_token_id,
-                self.vocab_size,
-                self.limits.max_model_len,
-                generator,
-                lambda ids: self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens),
-                self._token_text,
-            )
-        if self.limits.request_timeout is not None:
-            request.deadline = request.arrival_time + self.limits.request_timeout
+            for index in range(params.n)
+        ]
+        request = Request(request_id, list(prompt_ids), params, rows, timeout=self.limits.request_timeout)
+        request.strategy = make_strategy(request, self.ctx)
         self.requests[request_id] = request
         self.scheduler.add(request)
 
     def abort(self, request_id: str) -> None:
+        """The client went away: free the request now; nobody reads its end."""
         request = self.requests.get(request_id)
         if request is not None:
-            self._finish_request(request, FinishReason.ABORT)
+            self._retire(request, error=None, code="internal")
 
-    def fail_all(self, message: str) -> None:
+    def fail_all(self, message: str, code: str = "internal") -> None:
+        """End every request with an error (``code`` "unavailable": the server is stopping)."""
         for request in list(self.requests.values()):
-            self._fail(request, message)
+            self._fail(request, message, code)
 
     def has_work(self) -> bool:
         return self.scheduler.has_work()
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> None:
-        self._expire(time.monotonic())
+        now = time.monotonic()
+        self._expire(now)
         for request in self.scheduler.admit():
-            request.start_time = time.monotonic()
-            self.observer.on_admitted(
-                request.params.strategy.value,
-                request.start_time - request.arrival_time,
-                len(request.prompt_ids),
-            )
-        work, inputs = self._plan()
-        if not inputs:
-            return
-        started = time.perf_counter()
-        try:
-            all_logits = self.runner.forward(inputs)
-            # a decode step's cost, the unit speculation weighs its drafting time in
-            elapsed = time.perf_counter() - started
-            self._step_seconds = elapsed if self._step_seconds is None else 0.8 * self._step_seconds + 0.2 * elapsed
-        except Exception:
-            logger.exception("batched forward failed; retrying request by request")
-            work, inputs, all_logits = self._forward_isolating(work, inputs)
-        self.stats.record_forward(len(inputs), sum(len(i.token_ids) for i in inputs))
-        to_sample: list[tuple[Request, Row, torch.Tensor]] = []
-        beam_logits: dict[int, tuple[Request, list[torch.Tensor]]] = {}
-        for item, row_input, logits in zip(work, inputs, all_logits, strict=True):
-            if item.beam is not None:
-                beam_logits.setdefault(id(item.request), (item.request, []))[1].append(logits[-1])
-                continue
-            try:
-                to_sample.extend(self._consume(item, logits, row_input))
-            except Exception as exc:
-                logger.exception("request %s failed", item.request.request_id)
-                self._fail(item.request, str(exc))
-        for request, logits in beam_logits.values():
-            request.beam_num_cached += 1
-            self._advance_beams(request, torch.stack(logits), first=False)
-        to_sample = [entry for entry in to_sample if entry[0].error is None]
-        if to_sample:
-            try:
-                self._sample(to_sample)
-            except Exception:
-                logger.exception("batched sampling failed; retrying request by request")
-                self._sample_isolating(to_sample)
-        self._report({id(w.request): w.request for w in work}.values())
+            request.start_time = now
+            self.observer.on_admitted(request.strategy.name, now - request.arrival_time, len(request.prompt_ids))
+        self._draft()
+        batch = self._plan()
+        if batch:
+            batch, logits = self._forward(batch)
+            self._sample(self._consume(batch, logits))
+            self._report({id(fed.request): fed.request for fed in batch}.values())
         # after finished requests left, so the gauges never show a stale batch
-        self.observer.on_step(len(inputs), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
+        self.observer.on_step(len(batch), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
 
-    def _forward_isolating(
-        self, work: list[_Work], inputs: list[RowInput]
-    ) -> tuple[list[_Work], list[RowInput], list[torch.Tensor]]:
-        """Find who broke a batched forward: one forward per request, fail only those that raise.
+    def _expire(self, now: float) -> None:
+        """Requests past a time limit end as HF's ``MaxTimeCriteria`` ends them: with what they have."""
+        expired = [request for request in self.requests.values() if request.expired(now)]
+        for request in expired:
+            request.strategy.finish_now()
+        self._report(expired)
 
-        Safe to repeat: a failed forward wrote K/V only beyond every row's committed length.
-        """
-        kept_work, kept_inputs, kept_logits = [], [], []
-        for request in {id(w.request): w.request for w in work}.values():
-            mine = [i for i, w in enumerate(work) if w.request is request]
-            try:
-                logits = self.runner.forward([inputs[i] for i in mine])
-            except Exception as exc:
-                self._fail(request, f"forward failed: {exc}")
-                continue
-            kept_work.extend(work[i] for i in mine)
-            kept_inputs.extend(inputs[i] for i in mine)
-            kept_logits.extend(logits)
-        return kept_work, kept_inputs, kept_logits
+    def _draft(self) -> None:
+        """The drafting stage: speculative rows get their drafts before the target's forward."""
+        jobs = [job for request in self._prefilled() for job in request.strategy.draft_jobs()]
+        if not jobs:
+            return
+        try:
+            self.drafter.draft(jobs)
+        except Exception:  # drafting is an optimisation: without drafts every row still decodes
+            logger.exception("drafting failed; this step runs without drafts")
+            for job in jobs:
+                job.spec.drafts = []
 
-    def _sample_isolating(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
-        self._sampling_key = ()
-        for request in {id(e[0]): e[0] for e in entries}.values():
-            try:
-                self._sample([e for e in entries if e[0] is request])
-            except Exception as exc:
-                logger.exception("request %s failed while sampling", request.request_id)
-                self._fail(request, f"sampling failed: {exc}")
-            finally:
-                self._sampling_key = ()
-
-    def _plan(self) -> tuple[list[_Work], list[RowInput]]:
-        work: list[_Work] = []
-        inputs: list[RowInput] = []
-        self._draft_all()
-        for request in self.scheduler.running:
-            if not request.prefill_done:
-                continue
-            if request.beam is not None:
-                for beam, row_input in enumerate(plan_beam_rows(request)):
-                    work.append(_Work(request, None, 1, beam))
-                    inputs.append(row_input)
-                continue
-            for row in request.rows:
-                if row.finished:
-                    continue
-                if row.contrastive is not None:  # the candidates, as siblings at one position
-                    candidates = row.contrastive.candidates
-                    work.append(_Work(request, row, len(candidates)))
-                    inputs.append(
-                        RowInput(row.slot, row.num_cached, candidates, 0, True, hidden_layers=(self.num_layers,))
-                    )
-                    continue
-                drafts = row.speculation.drafts if row.speculation is not None else []
-                work.append(_Work(request, row, 1 + len(drafts)))
-                inputs.append(
-                    RowInput(
-                        row.slot, row.num_cached, [row.output_ids[-1], *drafts], 0,
-                        hidden_layers=self._hidden_for(request),
-                    )
-                )  # fmt: skip
-        budget = self.scheduler.prefill_budget(sum(len(i.token_ids) for i in inputs))
+    def _plan(self) -> list[_Fed]:
+        batch = [_Fed(r, row_input, False) for r in self._prefilled() for row_input in r.strategy.plan()]
+        budget = self.scheduler.prefill_budget(sum(len(fed.row_input.token_ids) for fed in batch))
         for request in self.scheduler.running:
             if request.prefill_done or budget <= 0:
                 continue
             start = request.num_prefilled
             chunk = request.prompt_ids[start : start + budget]
             last = start + len(chunk) == len(request.prompt_ids)
-            want_all = request.params.prompt_logprobs is not None
-            logits_from = 0 if want_all else (len(chunk) - 1 if last else len(chunk))
-            work.append(_Work(request, None, len(chunk)))
-            inputs.append(
-                RowInput(request.prefill_slot, start, chunk, logits_from, hidden_layers=self._hidden_for(request))
-            )
+            logits_from = 0 if request.params.prompt_logprobs is not None else (len(chunk) - 1 if last else len(chunk))
+            strategy = request.strategy
+            row_input = RowInput(strategy.prefill_slot, start, chunk, logits_from, hidden_layers=strategy.hidden_layers)
+            batch.append(_Fed(request, row_input, True))
             budget -= len(chunk)
-        return work, inputs
+        return batch
 
-    def _hidden_for(self, request: Request) -> tuple[int, ...]:
-        if request.dola_layers is not None:
-            return tuple(request.dola_layers)
-        if request.params.strategy is Strategy.CONTRASTIVE:
-            return (self.num_layers,)
-        return ()
-
-    def _next_logits(self, request: Request, logits: torch.Tensor, row_input: RowInput) -> torch.Tensor:
-        """The ``[vocab_size]`` logits a row samples from: the model's, or DoLa's contrast."""
-        if request.dola_layers is None:
-            return logits[-1]
-        layers = request.dola_layers
-        # one LM-head matmul for all candidate layers at the last position: the head is read once
-        stacked = torch.cat([row_input.hidden[layer][-1:] for layer in layers])  # [num_layers, hidden]
-        projected = self.lm_head(stacked).float()  # [num_layers, vocab_size]
-        premature = {layer: projected[i : i + 1] for i, layer in enumerate(layers)}
-        return dola_contrast(logits[-1:], premature)[0]
-
-    def _consume(
-        self, item: _Work, logits: torch.Tensor, row_input: RowInput
-    ) -> list[tuple[Request, Row, torch.Tensor]]:
-        request = item.request
-        if item.row is not None and item.row.contrastive is not None:
-            self._consume_candidates(request, item.row, logits, row_input)
-            return []
-        if item.row is not None and item.row.speculation is not None and item.row.speculation.drafts:
-            self._verify(request, item.row, logits)
-            return []
-        if item.row is not None:  # decode: this row's next token
-            item.row.num_cached += 1
-            return [(request, item.row, self._next_logits(request, logits, row_input))]
-        start = request.num_prefilled
-        request.num_prefilled += item.num_tokens
-        if request.params.prompt_logprobs is not None:
-            self._collect_prompt_logprobs(request, start, logits)
-        if request.params.strategy is Strategy.CONTRASTIVE:
-            request.prompt_hidden.append(row_input.hidden[self.num_layers])
-        if not request.prefill_done:
-            return []
-        if request.beam is not None:
-            request.beam_num_cached = len(request.prompt_ids)
-            self._advance_beams(request, logits[-1].expand(request.params.num_beams, -1), first=True)
-            return []
-        first = request.rows[0]
-        for row in request.rows:
-            if row is not first:
-                self.pool.copy_prefix(first.slot, row.slot, len(request.prompt_ids))
-            row.num_cached = len(request.prompt_ids)
-        if request.params.strategy is Strategy.CONTRASTIVE:
-            prompt_hidden = torch.cat(request.prompt_hidden)  # [prompt_len, hidden]
-            request.prompt_hidden = []
-            for row in request.rows:
-                row.contrastive.start(prompt_hidden, logits[-1])
-                self._propose(row)
-            return []
-        next_logits = self._next_logits(request, logits, row_input)
-        return [(request, row, next_logits) for row in request.rows]
-
-    # ---- speculative decoding ------------------------------------------------------------------------
-    def _draft_all(self) -> None:
-        rows = []
-        for request in self.scheduler.running:
-            if not request.prefill_done:
-                continue
-            for row in request.rows:
-                if row.finished or row.speculation is None:
-                    continue
-                left = request.params.max_new_tokens - len(row.output_ids) - 1
-                room = self.limits.max_model_len - row.num_cached - 2
-                rows.append((request, row, min(left, room)))
-        if rows:
-            try:
-                self.drafter.draft(rows)
-            except Exception:  # drafting is an optimisation: without drafts every row still decodes
-                logger.exception("drafting failed; this step runs without drafts")
-                for _, row, _ in rows:
-                    row.speculation.drafts = []
-
-    def _verify(self, request: Request, row: Row, logits: torch.Tensor) -> None:
-        spec = row.speculation
-        drafts = spec.drafts
-        start = row.num_cached
-        now = time.monotonic()
-        gap = now - row.last_token_time if row.last_token_time is not None else None
-
-        def commit(token: int, position_logits: torch.Tensor) -> bool:
-            self._commit_token(request, row, token, position_logits, now)
-            return row.finished
-
-        accepted, emitted = verify_drafts(row.sampling, spec, logits, commit, self.device)
-        row.num_cached = start + 1 + accepted  # rejected drafts: a length change, no copy
-        self.drafter.rollback(row, len(row.sampling.history) - 1)
-        cost_steps = spec.draft_seconds / self._step_seconds if self._step_seconds else 0.0
-        spec.length.update(len(drafts), accepted, cost_steps)
-        self.observer.on_speculation(spec.proposer, len(drafts), accepted)
-        gaps = ([gap] if gap is not None else []) + [0.0] * (emitted - 1)
-        self.observer.on_tokens(request.params.strategy.value, emitted, gaps)
-
-    # ---- contrastive search ------------------------------------------------------------------------
-    def _propose(self, row: Row) -> None:
-        search = row.contrastive
-        processed = SamplingBatch.from_rows([row.sampling], self.device).process(search.next_logits[None])
-        search.propose(processed[0])
-
-    def _consume_candidates(self, request: Request, row: Row, logits: torch.Tensor, row_input: RowInput) -> None:
-        """Rank the sibling candidates just run, keep the winner's K/V, emit it, propose the next."""
-        search = row.contrastive
-        distribution = search.next_logits  # the raw logits the candidates were drawn from
-        chosen = search.select(logits, row_input.hidden[self.num_layers])
-        if chosen:
-            self.pool.move_position(row.slot, row.num_cached + chosen, row.num_cached)
-        row.num_cached += 1
-        now = time.monotonic()
-        gaps = [now - row.last_token_time] if row.last_token_time is not None else []
-        self._commit_token(request, row, search.candidates[chosen], distribution, now)
-        self.observer.on_tokens(request.params.strategy.value, 1, gaps)
-        if not row.finished:
-            self._propose(row)
-
-    def _advance_beams(self, request: Request, logits: torch.Tensor, *, first: bool) -> None:
+    def _forward(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
+        started = time.perf_counter()
         try:
-            if advance_beams(request, logits, self.pool, first=first):
-                self._finish_beams(request)
-        except Exception as exc:
-            logger.exception("request %s failed", request.request_id)
-            self._fail(request, str(exc))
+            logits = self.runner.forward([fed.row_input for fed in batch])
+        except Exception:
+            logger.exception("batched forward failed; retrying request by request")
+            return self._forward_isolating(batch)
+        elapsed = time.perf_counter() - started  # a step's cost, the unit drafting time is weighed in
+        previous = self.ctx.step_seconds
+        self.ctx.step_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        return batch, logits
 
-    def _finish_beams(self, request: Request) -> None:
-        num_tokens = finish_beams(request, self.eos_token_ids)
-        strategy = request.params.strategy.value
+    def _forward_isolating(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
+        """Find who broke a batched forward: one forward per request, fail only those that raise.
+
+        Safe to repeat: a failed forward wrote K/V only beyond every row's committed length.
+        """
+        kept, kept_logits = [], []
+        for request, mine in _by_request(batch):
+            try:
+                logits = self.runner.forward([fed.row_input for fed in mine])
+            except Exception as exc:
+                self._fail(request, f"forward failed: {exc}")
+                continue
+            kept.extend(mine)
+            kept_logits.extend(logits)
+        return kept, kept_logits
+
+    def _consume(self, batch: list[_Fed], all_logits: list[torch.Tensor]) -> list[Pick]:
+        logits_of = {id(fed): logits for fed, logits in zip(batch, all_logits, strict=True)}
+        picks: list[Pick] = []
+        for request, mine in _by_request(batch):
+            try:
+                decode = [(fed.row_input, logits_of[id(fed)]) for fed in mine if not fed.prompt]
+                if decode:
+                    picks.extend(request.strategy.consume(decode))
+                for fed in mine:
+                    if fed.prompt:
+                        picks.extend(self._consume_prompt(request, fed.row_input, logits_of[id(fed)]))
+            except Exception as exc:
+                logger.exception("request %s failed", request.request_id)
+                self._fail(request, str(exc))
+        return [pick for pick in picks if pick.strategy.request.error is None]
+
+    def _consume_prompt(self, request: Request, chunk: RowInput, logits: torch.Tensor) -> list[Pick]:
+        if request.params.prompt_logprobs is not None:
+            self._collect_prompt_logprobs(request, chunk.start, logits)
+        request.num_prefilled += len(chunk.token_ids)
+        request.strategy.consume_prompt_chunk(chunk)
+        return request.strategy.start(logits[-1], chunk) if request.prefill_done else []
+
+    def _sample(self, picks: list[Pick]) -> None:
+        """Pick every plain row's next token in one batched pass, then hand each to its strategy."""
+        if not picks:
+            return
+        logits = torch.stack([pick.logits for pick in picks])  # [num_picks, vocab_size]
+        try:
+            tokens = self.sampler.pick([pick.row.sampling for pick in picks], logits)
+        except Exception:
+            logger.exception("batched sampling failed; retrying request by request")
+            self.sampler.forget()
+            return self._sample_isolating(picks)
         now = time.monotonic()
-        request.first_token_time = now
-        self.observer.on_first_token(strategy, now - request.arrival_time)
-        self.observer.on_tokens(strategy, num_tokens, [])
+        for pick, token, row_logits in zip(picks, tokens, logits, strict=True):
+            request = pick.strategy.request
+            if request.error is not None:
+                continue
+            try:
+                pick.strategy.accept(pick.row, token, row_logits, now)
+            except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
+                logger.exception("request %s failed", request.request_id)
+                self._fail(request, str(exc))
+
+    def _sample_isolating(self, picks: list[Pick]) -> None:
+        by_request: dict[int, list[Pick]] = {}
+        for pick in picks:
+            by_request.setdefault(id(pick.strategy), []).append(pick)
+        for mine in by_request.values():
+            try:
+                self._sample(mine)
+            except Exception as exc:
+                logger.exception("request %s failed while sampling", mine[0].strategy.request.request_id)
+                self._fail(mine[0].strategy.request, f"sampling failed: {exc}")
+            finally:
+                self.sampler.forget()
 
     def _collect_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
         # logits[i] predicts prompt token start + i + 1
         if request.prompt_logprobs is None:
-            request.prompt_logprobs = [
-                TokenLogprob(request.prompt_ids[0], self._token_text(request.prompt_ids[0]), None)
-            ]
+            first = request.prompt_ids[0]
+            request.prompt_logprobs = [TokenLogprob(first, self._token_text(first), None)]
         targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
         request.prompt_logprobs.extend(
             prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text)
         )
 
-    def _sample(self, entries: list[tuple[Request, Row, torch.Tensor]]) -> None:
-        """Pick every row's next token in one batched pass, then commit them row by row."""
-        rows = [row for _, row, _ in entries]
-        key = tuple(id(row) for row in rows)
-        if key != self._sampling_key or self._sampling_batch is None:
-            self._sampling_batch = SamplingBatch.from_rows([row.sampling for row in rows], self.device)
-            self._sampling_key = key
-        logits = torch.stack([entry[2] for entry in entries])  # [num_rows, vocab_size]
-        batch = self._sampling_batch
-        token_ids = batch.sample(batch.process(logits))
-        now = time.monotonic()
-        tokens_by_strategy: dict[str, int] = {}
-        gaps: dict[str, list[float]] = {}
-        for i, (request, row, _) in enumerate(entries):
-            if request.error is not None:
-                continue
-            strategy = request.params.strategy.value
-            tokens_by_strategy[strategy] = tokens_by_strategy.get(strategy, 0) + 1
-            if row.last_token_time is not None:
-                gaps.setdefault(strategy, []).append(now - row.last_token_time)
-            try:
-                self._commit_token(request, row, token_ids[i], logits[i], now)
-            except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
-                logger.exception("request %s failed", request.request_id)
-                self._fail(request, str(exc))
-        for strategy, count in tokens_by_strategy.items():
-            self.observer.on_tokens(strategy, count, gaps.get(strategy, []))
-
-    def _commit_token(self, request: Request, row: Row, token: int, logits: torch.Tensor, now: float) -> None:
-        if request.first_token_time is None:
-            request.first_token_time = now
-            self.observer.on_first_token(request.params.strategy.value, now - request.arrival_time)
-        row.last_token_time = now
-        row.output_ids.append(token)
-        row.pending_ids.append(token)
-        row.sampling.append(token)
-        if request.params.logprobs is not None:
-            row.pending_logprobs.append(token_logprob(logits, token, request.params.logprobs, self._token_text))
-        self._check_stop(request, row, token)
-
-    def _check_stop(self, request: Request, row: Row, token: int) -> None:
-        params = request.params
-        if token in self.eos_token_ids and not params.ignore_eos:
-            row.finish_reason = FinishReason.STOP
-        elif token in params.stop_token_ids:
-            row.finish_reason, row.stop_reason = FinishReason.STOP, token
-        else:
-            row.streamer.put([token])
-            if row.streamer.stop_reason is not None:
-                row.finish_reason, row.stop_reason = FinishReason.STOP, row.streamer.stop_reason
-        if row.finish_reason is None:
-            at_context_end = len(request.prompt_ids) + len(row.output_ids) >= self.limits.max_model_len
-            if len(row.output_ids) >= params.max_new_tokens or at_context_end:
-                row.finish_reason = FinishReason.LENGTH
-        if row.finish_reason is not None:
-            row.streamer.end()
-
-    # ---- finishing ----------------------------------------------------------------------------------
-    def _expire(self, now: float) -> None:
-        for request in list(self.requests.values()):
-            if request.deadline is not None and now >= request.deadline:
-                self._fail(request, f"request timed out after {self.limits.request_timeout:g} s")
-            elif (
-                request.params.max_time is not None
-                and request.start_time is not None
-                and now - request.start_time >= request.params.max_time
-            ):
-                # HF's MaxTimeCriteria: a graceful end, like running out of tokens
-                if request.beam is not None:
-                    if not request.finished:
-                        request.beam.finish_now()
-                        self._finish_beams(request)
-                    self._report([request])
-                    continue
-                for row in request.rows:
-                    if not row.finished:
-                        row.finish_reason = FinishReason.LENGTH
-                        row.streamer.end()
-                self._report([request])
-
-    def _fail(self, request: Request, message: str) -> None:
-        request.error = f"request {request.request_id} failed: {message}"
-        self._finish_request(request, FinishReason.ERROR)
-
-    def _finish_request(self, request: Request, reason: FinishReason) -> None:
-        self.scheduler.remove(request)
-        self.drafter.release(request)
-        self.requests.pop(request.request_id, None)
-        self._sampling_key = ()
-        self.emit(
-            RequestOutput(
-                request.request_id,
-                num_prompt_tokens=len(request.prompt_ids),
-                num_generated_tokens=request.num_generated,
-                finished=True,
-                error=request.error,
-                deltas=[],
-            )
-        )
-        self._record_finish(request, reason)
-
-    def _report(self, requests: object) -> None:
+    # ---- streaming and the end -----------------------------------------------------------------------
+    def _report(self, requests: Iterable[Request]) -> None:
         for request in requests:
             if request.request_id not in self.requests:
                 continue
@@ -543,19 +324,52 @@ class Engine:
             if request.prompt_logprobs is not None and request.prefill_done and not request.prompt_logprobs_sent:
                 output.prompt_logprobs = request.prompt_logprobs
                 request.prompt_logprobs_sent = True
-            if request.finished:
+            if request.strategy.finished:
                 output.finished = True
-                self.scheduler.remove(request)
-                self.drafter.release(request)
-                self.requests.pop(request.request_id, None)
-                self._sampling_key = ()
-                self._record_finish(request, None)
+                self._forget(request)
+                reason = request.overall_finish_reason().value
+                self.observer.on_finished(request.strategy.name, reason, time.monotonic() - request.arrival_time)
             if deltas or output.finished or output.prompt_logprobs:
                 self.emit(output)
 
-    def _record_finish(self, request: Request, reason: FinishReason | None) -> None:
-        reason = self.stats.record_finish(request, reason)
-        self.observer.on_finished(request.params.strategy.value, reason.value, time.monotonic() - request.arrival_time)
+    def _fail(self, request: Request, message: str, code: str = "internal") -> None:
+        request.error = f"request {request.request_id} failed: {message}"
+        self._retire(request, request.error, code)
+
+    def _retire(self, request: Request, error: str | None, code: str) -> None:
+        """End a request that did not finish by itself (aborted or failed)."""
+        if request.request_id not in self.requests:
+            return
+        self._forget(request)
+        self.emit(
+            RequestOutput(
+                request.request_id,
+                num_prompt_tokens=len(request.prompt_ids),
+                num_generated_tokens=request.num_generated,
+                finished=True,
+                error=error,
+                error_code=code,
+            )
+        )
+        reason = "abort" if error is None else "error"
+        self.observer.on_finished(request.strategy.name, reason, time.monotonic() - request.arrival_time)
+
+    def _forget(self, request: Request) -> None:
+        self.scheduler.remove(request)
+        request.strategy.release()
+        self.requests.pop(request.request_id, None)
+        self.sampler.forget()
+
+    def _prefilled(self) -> list[Request]:
+        return [request for request in self.scheduler.running if request.prefill_done]
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)
+
+
+def _by_request(batch: list[_Fed]) -> list[tuple[Request, list[_Fed]]]:
+    """The batch's rows grouped by request, in first-appearance order."""
+    groups: dict[int, tuple[Request, list[_Fed]]] = {}
+    for fed in batch:
+        groups.setdefault(id(fed.request), (fed.request, []))[1].append(fed)
+    return list(groups.values())

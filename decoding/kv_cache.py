@@ -34,8 +34,25 @@ class KVPool:
         self.num_slots = num_slots
         self.max_model_len = max_model_len
         # Lowest free slot first keeps the used slots packed at the front, so the decode
-        # attention can run over the view ``keys[:highest_used + 1]`` without gathering.
+        # attention can run over a view of the leading slots without gathering.
         self._free = list(range(num_slots))
+
+    @classmethod
+    def for_model(
+        cls, model: torch.nn.Module, *, num_slots: int, max_model_len: int, device: torch.device | str
+    ) -> KVPool:
+        """A pool shaped for ``model``'s layers and K/V heads, in its dtype."""
+        config = model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_slots=num_slots,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=head_dim,
+            max_model_len=max_model_len,
+            dtype=next(model.parameters()).dtype,
+            device=device,
+        )
 
     @property
     def num_free(self) -> int:
@@ -55,14 +72,6 @@ class KVPool:
         if slot in self._free:
             raise ValueError(f"KV slot {slot} freed twice")
         self._free.append(slot)
-
-    def highest_used(self) -> int:
-        """Index of the highest allocated slot, or -1 when none is."""
-        free = set(self._free)
-        for slot in range(self.num_slots - 1, -1, -1):
-            if slot not in free:
-                return slot
-        return -1
 
     def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
         """Share a prompt between rows of one request (n > 1, beams) by copying its K/V once."""

@@ -1,9 +1,13 @@
 """One forward for all rows of all requests.
 
 The runner packs every row's new tokens into a single sequence, hands the model a
-``StepLayout`` through transformers' attention kwargs, and asks for logits only at the positions
-somebody needs (``logits_to_keep``), so the LM head, the largest matmul of a small model, runs
-on a handful of rows instead of every prompt token.
+``StepLayout`` through transformers' attention kwargs (``decoda_layout``: the model passes its
+extra kwargs down to the attention function), and asks for logits only at the positions somebody
+needs (``logits_to_keep``), so the LM head, the largest matmul of a small model, runs on a
+handful of rows instead of every prompt token.
+
+A compiled forward cannot take a Python object as an argument without re-tracing every step, so
+under ``torch.compile`` the layout travels beside the call instead (``attention.active_layout``).
 """
 
 from __future__ import annotations
@@ -13,8 +17,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.attention import Segment, StepLayout, active_layout
+from decoding.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.kv_cache import KVPool
+
+
+class _ExitReached(Exception):
+    """Raised by a hook after the last layer an early-exit forward runs; carries its output."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
 
 
 @dataclass
@@ -39,6 +50,7 @@ class ModelRunner:
         self.device = device
         self.decoder = model.get_decoder()
         self.num_layers = len(self.decoder.layers)
+        self.compiled = hasattr(model.forward, "_torchdynamo_orig_callable")
 
     @torch.inference_mode()
     def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:
@@ -48,14 +60,6 @@ class ModelRunner:
         (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
         in the same slots, where the full forward that verifies the drafts rewrites them.
         """
-        if num_layers is not None:
-            config = self.decoder.config
-            full = config.num_hidden_layers
-            config.num_hidden_layers = num_layers
-            try:
-                return self.forward(inputs)
-            finally:
-                config.num_hidden_layers = full
         # Single-token rows first: StepLayout batches them into one attention call.
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].token_ids) != 1)
         segments: list[Segment] = []
@@ -80,21 +84,48 @@ class ModelRunner:
             keep_index = torch.tensor(keep, dtype=torch.long, device=self.device)
         captured: dict[int, torch.Tensor] = {}
         wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
-        with active_layout(layout), ExitStack() as hooks:
+        with ExitStack() as context:
             for layer in wanted:
-                hooks.enter_context(self._capture(layer, captured))
-            out = self.model(
-                input_ids=input_ids,
-                position_ids=layout.token_positions.unsqueeze(0),
-                use_cache=False,
-                logits_to_keep=keep_index,
-            )
+                context.enter_context(self._capture(layer, captured))
+            if num_layers is not None and num_layers < self.num_layers:
+                context.enter_context(self._exit_after(num_layers - 1))
+            kwargs = {}
+            if self.compiled:
+                context.enter_context(active_layout(layout))
+            else:
+                kwargs[LAYOUT_KWARG] = layout
+            try:
+                out_logits = self.model(
+                    input_ids=input_ids,
+                    position_ids=layout.token_positions.unsqueeze(0),
+                    use_cache=False,
+                    logits_to_keep=keep_index,
+                    **kwargs,
+                ).logits
+            except _ExitReached as exit_:
+                out_logits = self._head(exit_.hidden[:, keep_index])
         for i, row in enumerate(inputs):
             row.hidden = {
                 layer: captured[layer][0, offsets[i] : offsets[i] + len(row.token_ids)] for layer in row.hidden_layers
             }
-        logits = out.logits[0].float()  # [num_kept, vocab_size]
+        logits = out_logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _exit_after(self, layer: int) -> _Removable:
+        """Stop the forward after decoder layer ``layer`` (early exit) without touching the model."""
+
+        def stop(module, args, output):  # noqa: ANN001, ANN202
+            raise _ExitReached(output[0] if isinstance(output, tuple) else output)
+
+        return _Removable(self.decoder.layers[layer].register_forward_hook(stop))
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head on hidden states that stopped early (``[1, kept, hidden]``)."""
+        logits = self.model.get_output_embeddings()(self.decoder.norm(hidden))
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
 
     def _capture(self, layer: int, into: dict[int, torch.Tensor]):  # noqa: ANN202
         """A hook recording HF's ``hidden_states[layer]`` (``[1, num_tokens, hidden]``) for this forward.

@@ -60,3 +60,6 @@ class RequestOutput:
     prompt_logprobs: list[TokenLogprob] | None = None  # only on the first output, when asked
     finished: bool = False  # True on the last output of the request
     error: str | None = None  # set when the request failed inside the worker
+    # why it failed: "internal" (a bug, HTTP 500) or "unavailable" (the server stopped or is
+    # draining past its deadline, HTTP 503: the client may retry elsewhere)
+    error_code: str = "internal"

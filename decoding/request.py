@@ -1,34 +1,36 @@
-"""Per-request state inside the worker: its rows (one per returned sequence), slots and progress.
+"""Per-request state inside the worker: its prompt, its rows (one per returned sequence), its clock.
 
 A request is created by the engine when the client submits it and lives until its last row
-finishes; rows own KV slots only while the request is running.
+finishes. How its rows are decoded (and which KV slots they hold) is its strategy's business
+(``decoding/strategies``); the request only knows what every strategy shares: the prompt and how
+much of it is prefilled, the rows the user gets back, and the time limits.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING
 
 from decoding.outputs import FinishReason, SequenceDelta, TokenLogprob
 from decoding.params import GenerationParams
+from decoding.sampling import RowSamplingState
+from decoding.stopping import StopChecker
+from decoding.streamer import DeltaStreamer
 
-
-class RequestState(str, Enum):
-    WAITING = "waiting"
-    RUNNING = "running"
-    FINISHED = "finished"
+if TYPE_CHECKING:
+    from decoding.strategies.base import DecodingStrategy
 
 
 @dataclass
 class Row:
-    """One sequence of a request: a KV slot, its generated ids and its text stream."""
+    """One returned sequence: its generated ids, its text stream, how it stops."""
 
     index: int
-    sampling: Any  # decoding.sampling RowSamplingState
-    streamer: Any  # decoding.streamer.DeltaStreamer
-    slot: int | None = None
+    sampling: RowSamplingState  # the processors' per-row memory (and the request's generator)
+    streamer: DeltaStreamer
+    stop: StopChecker
+    slot: int | None = None  # its KV slot, for strategies that decode row by row
     num_cached: int = 0  # tokens whose K/V are in the slot
     output_ids: list[int] = field(default_factory=list)
     finish_reason: FinishReason | None = None
@@ -39,12 +41,33 @@ class Row:
     reported_finish: bool = False
     last_token_time: float | None = None
     sequence_score: float | None = None  # beam search: the final (length-penalised) score
-    contrastive: Any = None  # decoding.strategies.contrastive.ContrastiveSearch for penalty_alpha rows
-    speculation: Any = None  # decoding.strategies.speculative.Speculation for assisted rows
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+    def append(self, token: int, logprob: TokenLogprob | None) -> None:
+        """One generated token: remember it, stream its text, and stop where a stop rule says."""
+        self.output_ids.append(token)
+        self.pending_ids.append(token)
+        if logprob is not None:
+            self.pending_logprobs.append(logprob)
+        self.sampling.append(token)
+        finish = self.stop.token_stop(token)
+        if finish is None:
+            self.streamer.put([token])
+            if self.streamer.stop_reason is not None:
+                finish = (FinishReason.STOP, self.streamer.stop_reason)
+        if finish is None and self.stop.length_reached(len(self.output_ids)):
+            finish = (FinishReason.LENGTH, None)
+        if finish is not None:
+            self.finish(*finish)
+
+    def finish(self, reason: FinishReason, stop_reason: str | int | None = None) -> None:
+        if self.finished:
+            return
+        self.finish_reason, self.stop_reason = reason, stop_reason
+        self.streamer.end()
 
     def take_delta(self, with_logprobs: bool) -> SequenceDelta | None:
         text = self.streamer.take()
@@ -71,47 +94,15 @@ class Request:
     prompt_ids: list[int]
     params: GenerationParams
     rows: list[Row]
-    generator: Any = None  # torch.Generator shared by the request's rows, in row order
     arrival_time: float = field(default_factory=time.monotonic)
-    deadline: float | None = None  # server-side request timeout
-    start_time: float | None = None  # admission
+    timeout: float | None = None  # the server's --request-timeout, from arrival
+    start_time: float | None = None  # admission; HF's max_time counts from here
     first_token_time: float | None = None
-    state: RequestState = RequestState.WAITING
-    num_prefilled: int = 0  # prompt tokens already written into rows[0]'s slot
+    num_prefilled: int = 0  # prompt tokens whose K/V are written into the prefill slot
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
     error: str | None = None
-    # beam family: the search state, and the num_beams KV slots it works in (rows hold no slot)
-    beam: Any = None  # decoding.strategies.beam.BeamSearch
-    beam_slots: list[int] = field(default_factory=list)
-    beam_num_cached: int = 0
-    beam_next_tokens: list[int] = field(default_factory=list)
-    dola_layers: list[int] | None = None  # DoLa's candidate premature layers
-    prompt_hidden: list[Any] = field(default_factory=list)  # contrastive: final hidden states per chunk
-
-    @property
-    def num_slots(self) -> int:
-        return self.params.num_beams if self.beam is not None else len(self.rows)
-
-    def assign_slots(self, slots: list[int]) -> None:
-        if self.beam is not None:
-            self.beam_slots = list(slots)
-        else:
-            for row, slot in zip(self.rows, slots, strict=True):
-                row.slot = slot
-
-    def release_slots(self) -> list[int]:
-        """Every slot this request holds, now given up."""
-        slots = [row.slot for row in self.rows if row.slot is not None] + self.beam_slots
-        for row in self.rows:
-            row.slot = None
-        self.beam_slots = []
-        return slots
-
-    @property
-    def prefill_slot(self) -> int:
-        """The slot the prompt is written into; other rows or beams copy it once prefilled."""
-        return self.beam_slots[0] if self.beam is not None else self.rows[0].slot
+    strategy: DecodingStrategy | None = None  # set right after construction by the engine
 
     @property
     def prefill_done(self) -> bool:
@@ -124,3 +115,16 @@ class Request:
     @property
     def num_generated(self) -> int:
         return sum(len(row.output_ids) for row in self.rows)
+
+    def expired(self, now: float) -> bool:
+        """Past ``--request-timeout`` (from arrival) or ``max_time`` (from admission, as HF counts
+        from the ``generate()`` call): both end the request as HF's ``MaxTimeCriteria`` does."""
+        if self.timeout is not None and now - self.arrival_time >= self.timeout:
+            return True
+        max_time = self.params.max_time
+        return max_time is not None and self.start_time is not None and now - self.start_time >= max_time
+
+    def overall_finish_reason(self) -> FinishReason:
+        """One reason for the whole request, for metrics: stop when any row stopped."""
+        reasons = {row.finish_reason for row in self.rows}
+        return FinishReason.STOP if FinishReason.STOP in reasons else FinishReason.LENGTH

@@ -80,11 +80,29 @@ def test_a_broken_batched_forward_is_retried_request_by_request(model, smollm2_t
 
 
 def test_request_timeout_and_max_time(model, smollm2_tokenizer):
+    """Both limits end a request as HF's MaxTimeCriteria does: finish_reason "length", no error,
+    with what it generated so far (lifecycle fault 1: the server timeout was a 500)."""
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.engine.limits = EngineLimits(256, 16, 512, request_timeout=0.0)
     harness.add("late", prompt(3), GenerationParams(max_new_tokens=5))
     harness.run()
-    assert "timed out" in harness.outputs["late"][-1].error
+    assert harness.outputs["late"][-1].error is None
+    assert harness.finish_reason("late") == "length"
+
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    harness.engine.limits = EngineLimits(256, 16, 512, request_timeout=0.05)
+    for name, params in (
+        ("plain", GenerationParams(max_new_tokens=200, ignore_eos=True)),
+        ("beam", GenerationParams(max_new_tokens=200, ignore_eos=True, num_beams=2)),
+        ("contrastive", GenerationParams(max_new_tokens=200, ignore_eos=True, penalty_alpha=0.6, top_k=4)),
+    ):
+        harness.add(name, prompt(5), params)
+    harness.run()
+    for name in ("plain", "beam", "contrastive"):
+        assert harness.outputs[name][-1].error is None, name
+        assert harness.finish_reason(name) == "length", name
+        assert 0 < len(harness.token_ids(name)) < 200, name
+    assert harness.engine.pool.num_free == harness.engine.pool.num_slots
 
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.add("slow", prompt(4), GenerationParams(max_new_tokens=200, ignore_eos=True, max_time=0.05))

@@ -2,5 +2,6 @@
 
 from decoding.sampling.batch import SamplingBatch
 from decoding.sampling.row_state import RowSamplingState, make_generator
+from decoding.sampling.sampler import BatchSampler
 
-__all__ = ["RowSamplingState", "SamplingBatch", "make_generator"]
+__all__ = ["BatchSampler", "RowSamplingState", "SamplingBatch", "make_generator"]

@@ -54,6 +54,11 @@ class SamplingBatch:
 
         self.repetition = _knob(rows, lambda r: r.params.repetition_penalty, lambda r: r.seen is not None, device)
         self.presence_frequency = [i for i, r in enumerate(rows) if r.counts is not None]
+        if self.presence_frequency:
+            penalized = [rows[i].params for i in self.presence_frequency]
+            self._pf_index = torch.tensor(self.presence_frequency, dtype=torch.long, device=device)
+            self._presence = torch.tensor([p.presence_penalty for p in penalized], device=device)  # [n]
+            self._frequency = torch.tensor([p.frequency_penalty for p in penalized], device=device)  # [n]
         self.temperature = _knob(rows, lambda r: r.params.temperature, sampled(lambda p: p.temperature != 1.0), device)
         self.top_k = _knob(rows, lambda r: r.params.top_k, sampled(lambda p: bool(p.top_k)), device)
         # 1 - top_p in double precision first, rounded once, exactly as HF's Python-float threshold
@@ -75,10 +80,15 @@ class SamplingBatch:
             for token in r.params.suppress_tokens or []:
                 suppress_rows.append(i)
                 suppress_tokens.append(token)
+        def ids(values: list[int]) -> torch.Tensor:
+            return torch.tensor(values, dtype=torch.long, device=device)
+
         self.bias = (
-            (torch.tensor(bias_rows), torch.tensor(bias_tokens), torch.tensor(bias_values)) if bias_rows else None
+            (ids(bias_rows), ids(bias_tokens), torch.tensor(bias_values, dtype=torch.float32, device=device))
+            if bias_rows
+            else None
         )
-        self.suppress = (torch.tensor(suppress_rows), torch.tensor(suppress_tokens)) if suppress_rows else None
+        self.suppress = (ids(suppress_rows), ids(suppress_tokens)) if suppress_rows else None
         self.history_rows = [
             i for i, r in enumerate(rows) if r.ngrams is not None or r.params.bad_words_ids or r.params.min_new_tokens
         ]
@@ -112,11 +122,8 @@ class SamplingBatch:
         if self.repetition is not None:
             self._apply(scores, self.repetition, self._repetition_penalty)
         if self.presence_frequency:
-            index = torch.tensor(self.presence_frequency)
             counts = torch.stack([self.rows[i].counts for i in self.presence_frequency])  # [n, vocab_size]
-            presence = torch.tensor([self.rows[i].params.presence_penalty for i in self.presence_frequency])
-            frequency = torch.tensor([self.rows[i].params.frequency_penalty for i in self.presence_frequency])
-            scores[index] -= frequency[:, None] * counts + presence[:, None] * (counts > 0)
+            scores[self._pf_index] -= self._frequency[:, None] * counts + self._presence[:, None] * (counts > 0)
         if self.history_rows:
             self._history_bans(scores)
         if self.suppress is not None:
@@ -154,7 +161,8 @@ class SamplingBatch:
             rows.extend([i] * len(banned))
             tokens.extend(banned)
         if rows:
-            scores[torch.tensor(rows), torch.tensor(tokens)] = NEG_INF
+            device = scores.device
+            scores[torch.tensor(rows, device=device), torch.tensor(tokens, device=device)] = NEG_INF
 
     # ---- picking ------------------------------------------------------------------------------------
     def sample(self, scores: torch.Tensor) -> list[int]:

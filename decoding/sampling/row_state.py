@@ -22,8 +22,11 @@ class RowSamplingState:
         eos_token_ids: list[int],
         vocab_size: int,
         generator: torch.Generator | None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.params = params
+        self.device = torch.device(device)
+        self._alone: object | None = None  # a SamplingBatch of this row alone, built on first use
         self.eos_token_ids = list(eos_token_ids)
         self.vocab_size = vocab_size
         self.generator = generator
@@ -33,11 +36,11 @@ class RowSamplingState:
         self.counts: torch.Tensor | None = None  # [vocab_size] float32, generated tokens only
         self.ngrams: dict[tuple[int, ...], set[int]] | None = None
         if params.repetition_penalty != 1.0:
-            self.seen = torch.zeros(vocab_size, dtype=torch.bool)
+            self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=self.device)
             if prompt_ids:
-                self.seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+                self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
         if params.presence_penalty or params.frequency_penalty:
-            self.counts = torch.zeros(vocab_size, dtype=torch.float32)
+            self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=self.device)
         if params.no_repeat_ngram_size > 0:
             self.ngrams = {}
             size = params.no_repeat_ngram_size
@@ -48,11 +51,28 @@ class RowSamplingState:
         """An independent copy, for a beam that continues from this one (HF reorders input_ids)."""
         twin = object.__new__(RowSamplingState)
         twin.__dict__.update(self.__dict__)
+        twin._alone = None
         twin.history = list(self.history)
         twin.seen = None if self.seen is None else self.seen.clone()
         twin.counts = None if self.counts is None else self.counts.clone()
         twin.ngrams = None if self.ngrams is None else {k: set(v) for k, v in self.ngrams.items()}
         return twin
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """This row's processors and warpers on ``logits`` (``[k, vocab_size]``, k positions of this
+        row: a draft's, a verification's, contrastive search's); the batch is built once per row."""
+        return self._batch().process(logits)
+
+    def pick(self, scores: torch.Tensor) -> list[int]:
+        """Greedy or drawn tokens from processed ``scores`` (``[k, vocab_size]``), one per position."""
+        return self._batch().sample(scores)
+
+    def _batch(self):  # noqa: ANN202 - a SamplingBatch (imported late: it imports this module)
+        if self._alone is None:
+            from decoding.sampling.batch import SamplingBatch
+
+            self._alone = SamplingBatch([self], self.device)
+        return self._alone
 
     def _add_ngram(self, ngram: list[int]) -> None:
         self.ngrams.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])

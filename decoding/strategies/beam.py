@@ -26,6 +26,7 @@ import torch
 from decoding.outputs import TokenLogprob
 from decoding.params import GenerationParams
 from decoding.sampling import RowSamplingState, SamplingBatch
+from decoding.strategies.beam_rows import BeamRows
 
 NEG = -1.0e9  # HF's "impossible" score; finite so sums stay ordered
 
@@ -71,10 +72,12 @@ class BeamSearch:
         generator: torch.Generator | None,
         stops: Callable[[list[int]], bool],
         token_logprob: Callable[[torch.Tensor, int], TokenLogprob] | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         """``stops(generated_ids)``: True when a stop string or stop token ends these ids.
         ``token_logprob(log_probs_row, token)``: the reported logprob entry, when the user asked."""
         self.params = params
+        self.device = device = torch.device(device)
         self.num_beams = params.num_beams
         self.eos = set() if params.ignore_eos else set(eos_token_ids)
         self.max_new_tokens = max_new_tokens
@@ -83,14 +86,14 @@ class BeamSearch:
         self.token_logprob = token_logprob
         self.beams_to_keep = max(2, 1 + len(self.eos)) * self.num_beams
         self.min_tokens_to_keep = len(self.eos) + 1 if self.eos else 2
-        states = RowSamplingState(params, prompt_ids, list(eos_token_ids), vocab_size, generator)
+        states = RowSamplingState(params, prompt_ids, list(eos_token_ids), vocab_size, generator, device)
         self.states = [states] + [states.fork() for _ in range(self.num_beams - 1)]
         self.running = [Hypothesis([]) for _ in range(self.num_beams)]
-        self.running_scores = torch.zeros(self.num_beams)
+        self.running_scores = torch.zeros(self.num_beams, device=device)
         self.running_scores[1:] = NEG  # only beam 0 is expanded at first: all beams are the prompt
         self.finished: list[Hypothesis | None] = [None] * self.num_beams
-        self.finished_scores = torch.full((self.num_beams,), NEG)
-        self.is_finished = torch.zeros(self.num_beams, dtype=torch.bool)
+        self.finished_scores = torch.full((self.num_beams,), NEG, device=device)
+        self.is_finished = torch.zeros(self.num_beams, dtype=torch.bool, device=device)
         self.improvable = True  # HF's is_early_stop_heuristic_unsatisfied
         self.num_generated = 0
 
@@ -99,7 +102,7 @@ class BeamSearch:
         """``logits``: ``[num_beams, vocab_size]`` raw float32 logits of the running beams."""
         num_beams, vocab_size = logits.shape
         log_probs = torch.log_softmax(logits, dim=-1)
-        batch = SamplingBatch.from_rows(self.states, logits.device, self.min_tokens_to_keep)
+        batch = SamplingBatch(self.states, logits.device, self.min_tokens_to_keep)
         processed = batch.process(log_probs)  # HF processes log-probs, not logits, in beam search
         accumulated = (processed + self.running_scores[:, None]).reshape(1, -1)  # [1, num_beams * vocab]
         if self.params.do_sample:
@@ -113,7 +116,7 @@ class BeamSearch:
         candidates = [
             self.running[p].extend(t, log_probs[p], self.token_logprob) for p, t in zip(parents, tokens, strict=True)
         ]
-        hits = torch.tensor([self._hits_stop(c.token_ids) for c in candidates])  # [beams_to_keep] bool
+        hits = torch.tensor([self._hits_stop(c.token_ids) for c in candidates], device=self.device)  # [beams_to_keep]
 
         # e. the best num_beams candidates that did not stop keep running
         running_scores = top_scores + hits.to(torch.float32) * NEG
@@ -121,7 +124,7 @@ class BeamSearch:
         new_parents = [parents[k] for k in keep]
         self.running = [candidates[k] for k in keep]
         self.running_scores = running_scores[keep]
-        self.states = [self._continue_state(new_parents, j, tokens[k]) for j, k in enumerate(keep)]
+        self.states = continue_states(self.states, new_parents, [tokens[k] for k in keep])
 
         # f. finished hypotheses: only the first num_beams candidates may enter, length-penalised
         self._merge_finished(top_scores, candidates, hits)
@@ -142,20 +145,9 @@ class BeamSearch:
         # HF's MaxLengthCriteria and EosTokenCriteria, plus OpenAI stop strings / stop tokens
         return len(token_ids) >= self.max_new_tokens or token_ids[-1] in self.eos or self.stops(token_ids)
 
-    def _continue_state(self, parents: list[int], j: int, token: int) -> RowSamplingState:
-        # the first child of a parent takes its state over; later children fork it
-        parent = parents[j]
-        state = self.states[parent]
-        if parent in parents[:j]:
-            state = state.fork()
-        elif parents.count(parent) > 1:
-            state = state.fork()  # the parent's own object stays intact for its other children
-        state.append(token)
-        return state
-
     def _merge_finished(self, top_scores: torch.Tensor, candidates: list[Hypothesis], hits: torch.Tensor) -> None:
         num_beams = self.num_beams
-        in_top = torch.zeros(self.beams_to_keep, dtype=torch.bool)
+        in_top = torch.zeros(self.beams_to_keep, dtype=torch.bool, device=self.device)
         in_top[:num_beams] = True
         just_finished = hits & in_top
         scores = top_scores / ((self.num_generated + 1) ** self.params.length_penalty)
@@ -190,7 +182,8 @@ class BeamSearch:
         scores = scores + (self.running_scores <= NEG / 2).to(torch.float32) * NEG
         merged_scores = torch.cat((self.finished_scores, scores))
         merged = [*self.finished, *self.running]
-        merged_finished = torch.cat((self.is_finished, torch.ones(self.num_beams, dtype=torch.bool)))
+        ended = torch.ones(self.num_beams, dtype=torch.bool, device=self.device)
+        merged_finished = torch.cat((self.is_finished, ended))
         best = torch.topk(merged_scores, k=self.num_beams)[1]
         self.finished = [merged[i] for i in best.tolist()]
         self.finished_scores = merged_scores[best]
@@ -206,3 +199,38 @@ class BeamSearch:
             hit_stop = bool(ids) and (ids[-1] in self.eos or self.stops(ids))
             out.append(FinalSequence(list(ids), float(score), list(hypothesis.logprobs), hit_stop))
         return out
+
+
+def continue_states(states: list[RowSamplingState], parents: list[int], tokens: list[int]) -> list[RowSamplingState]:
+    """Each new beam's sampling state: its parent's plus its token (HF reorders ``input_ids``).
+
+    A parent with one child hands its state over; a parent with several is forked for each, so no
+    state is copied for the common case of one child per parent.
+    """
+    counts: dict[int, int] = {}
+    for parent in parents:
+        counts[parent] = counts.get(parent, 0) + 1
+    out = []
+    for parent, token in zip(parents, tokens, strict=True):
+        state = states[parent] if counts[parent] == 1 else states[parent].fork()
+        state.append(token)
+        out.append(state)
+    return out
+
+
+class BeamDecoding(BeamRows):
+    """Beam search, or beam sampling with ``do_sample`` (transformers 5's ``_beam_search``)."""
+
+    def make_search(self) -> BeamSearch:
+        request, ctx = self.request, self.ctx
+        return BeamSearch(
+            request.params,
+            request.prompt_ids,
+            ctx.eos_token_ids,
+            ctx.vocab_size,
+            max_new_tokens=self.max_new_tokens,
+            generator=request.rows[0].sampling.generator,
+            stops=self.ends,
+            token_logprob=self.logprob_fn(),
+            device=ctx.device,
+        )

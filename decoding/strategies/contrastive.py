@@ -16,9 +16,12 @@ from __future__ import annotations
 
 import torch
 
+from decoding.model_runner import RowInput
 from decoding.params import MAX_CONTRASTIVE_TOP_K  # the KV pool's spare positions for candidates
+from decoding.request import Request, Row
+from decoding.strategies.base import DecodingStrategy, EngineContext, Fed, Pick
 
-__all__ = ["MAX_CONTRASTIVE_TOP_K", "ContrastiveSearch"]
+__all__ = ["MAX_CONTRASTIVE_TOP_K", "ContrastiveDecoding", "ContrastiveSearch"]
 
 
 class ContrastiveSearch:
@@ -69,3 +72,52 @@ class ContrastiveSearch:
             self._context = grown
         self._context[self._length : needed] = hidden / hidden.norm(dim=-1, keepdim=True)
         self._length = needed
+
+
+class ContrastiveDecoding(DecodingStrategy):
+    """Each row feeds its ``top_k`` candidates as siblings; the winner's K/V is kept in place."""
+
+    def __init__(self, request: Request, ctx: EngineContext) -> None:
+        super().__init__(request, ctx)
+        self.hidden_layers = (ctx.num_layers,)
+        params = request.params
+        self.searches = {row.index: ContrastiveSearch(params.penalty_alpha, params.top_k) for row in request.rows}
+        self._prompt_hidden: list[torch.Tensor] = []  # final hidden states per prompt chunk
+
+    def consume_prompt_chunk(self, chunk: RowInput) -> None:
+        self._prompt_hidden.append(chunk.hidden[self.ctx.num_layers])
+
+    def start(self, last_logits: torch.Tensor, last_chunk: RowInput) -> list[Pick]:
+        self.copy_prompt_to_rows()
+        prompt_hidden = torch.cat(self._prompt_hidden)  # [prompt_len, hidden]
+        self._prompt_hidden = []
+        for row in self.request.rows:
+            self.searches[row.index].start(prompt_hidden, last_logits)
+            self._propose(row)
+        return []
+
+    def plan(self) -> list[RowInput]:
+        return [
+            RowInput(row.slot, row.num_cached, self.searches[row.index].candidates, 0, True, self.hidden_layers)
+            for row in self._live_rows()
+        ]
+
+    def consume(self, fed: list[Fed]) -> list[Pick]:
+        """Rank each row's candidates just run, keep the winner's K/V, commit it, propose the next."""
+        for row, (row_input, logits) in zip(self._live_rows(), fed, strict=True):
+            search = self.searches[row.index]
+            distribution = search.next_logits  # the raw logits the candidates were drawn from
+            chosen = search.select(logits, row_input.hidden[self.ctx.num_layers])
+            if chosen:
+                self.ctx.pool.move_position(row.slot, row.num_cached + chosen, row.num_cached)
+            row.num_cached += 1
+            if not self.commit(row, search.candidates[chosen], distribution):
+                self._propose(row)
+        return []
+
+    def _live_rows(self) -> list[Row]:
+        return [row for row in self.request.rows if not row.finished]
+
+    def _propose(self, row: Row) -> None:
+        search = self.searches[row.index]
+        search.propose(row.sampling.process(search.next_logits[None])[0])

@@ -18,6 +18,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from decoding.model_runner import RowInput
+from decoding.request import Request
+from decoding.strategies.base import EngineContext
+from decoding.strategies.plain import PlainDecoding
+
 
 def dola_candidate_layers(dola_layers: str | list[int], num_layers: int, tied_embeddings: bool) -> list[int]:
     """HF 4.x's premature-layer candidates; the embedding output (0) is skipped when tied."""
@@ -70,3 +75,20 @@ def dola_contrast(final_logits: torch.Tensor, premature_logits: dict[int, torch.
     premature = layers[int(js_divergence.argmax().item())]
     final, base = _relative_top_filter(final_logits, premature_logits[premature])
     return final - base
+
+
+class DolaDecoding(PlainDecoding):
+    """Greedy or sampled decoding whose next-token logits are DoLa's contrast."""
+
+    def __init__(self, request: Request, ctx: EngineContext) -> None:
+        super().__init__(request, ctx)
+        layers = dola_candidate_layers(request.params.dola_layers, ctx.num_layers, ctx.tied_embeddings)
+        self.layers = layers
+        self.hidden_layers = tuple(layers)
+
+    def next_logits(self, logits: torch.Tensor, row_input: RowInput) -> torch.Tensor:
+        # one LM-head matmul for all candidate layers at the last position: the head is read once
+        stacked = torch.cat([row_input.hidden[layer][-1:] for layer in self.layers])  # [num_layers, hidden]
+        projected = self.ctx.lm_head(stacked).float()  # [num_layers, vocab_size]
+        premature = {layer: projected[i : i + 1] for i, layer in enumerate(self.layers)}
+        return dola_contrast(logits[-1:], premature)[0]

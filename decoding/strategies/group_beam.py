@@ -25,7 +25,8 @@ import torch
 from decoding.outputs import TokenLogprob
 from decoding.params import GenerationParams
 from decoding.sampling import RowSamplingState, SamplingBatch
-from decoding.strategies.beam import NEG, BeamStep, FinalSequence, Hypothesis
+from decoding.strategies.beam import NEG, BeamStep, FinalSequence, Hypothesis, continue_states
+from decoding.strategies.beam_rows import BeamRows
 
 
 class _FinishedHypotheses:
@@ -72,8 +73,10 @@ class GroupBeamSearch:
         max_new_tokens: int,
         stops: Callable[[list[int]], bool],
         token_logprob: Callable[[torch.Tensor, int], TokenLogprob] | None = None,
+        device: torch.device | str = "cpu",
     ) -> None:
         self.params = params
+        self.device = device = torch.device(device)
         self.num_beams = params.num_beams
         self.num_groups = params.num_beam_groups
         self.group_size = self.num_beams // self.num_groups
@@ -84,10 +87,10 @@ class GroupBeamSearch:
         self.stops = stops
         self.token_logprob = token_logprob
         self.candidates_per_group = max(2, 1 + len(self.eos)) * self.group_size
-        state = RowSamplingState(params, prompt_ids, list(eos_token_ids), vocab_size, None)
+        state = RowSamplingState(params, prompt_ids, list(eos_token_ids), vocab_size, None, device)
         self.states = [state] + [state.fork() for _ in range(self.num_beams - 1)]
         self.running = [Hypothesis([]) for _ in range(self.num_beams)]
-        self.scores = torch.full((self.num_beams,), NEG)
+        self.scores = torch.full((self.num_beams,), NEG, device=device)
         self.scores[:: self.group_size] = 0  # the first beam of every group starts
         self.finished = [
             _FinishedHypotheses(self.group_size, params.length_penalty, params.early_stopping, max_new_tokens)
@@ -100,10 +103,9 @@ class GroupBeamSearch:
     def step(self, logits: torch.Tensor) -> BeamStep:
         """``logits``: ``[num_beams, vocab_size]`` raw float32 logits of the running beams."""
         size = self.group_size
-        current_tokens = torch.zeros(self.num_beams, dtype=torch.long)
+        current_tokens = torch.zeros(self.num_beams, dtype=torch.long, device=self.device)
         parents: list[int] = [0] * self.num_beams
         new_running: list[Hypothesis] = [Hypothesis([])] * self.num_beams
-        new_states: list[RowSamplingState | None] = [None] * self.num_beams
         new_scores = self.scores.clone()
         for group in range(self.num_groups):
             start = group * size
@@ -117,15 +119,14 @@ class GroupBeamSearch:
                 new_scores[j] = score
                 current_tokens[j] = token
                 new_running[j] = self.running[parent].extend(token, logits[parent], self.token_logprob)
-                state = self.states[parent].fork()
-                state.append(token)
-                new_states[j] = state
-        self.running, self.states, self.scores = new_running, new_states, new_scores
+        tokens = current_tokens.tolist()
+        self.states = continue_states(self.states, parents, tokens)
+        self.running, self.scores = new_running, new_scores
         self.num_generated += 1
         done = all(self.group_done) or self.num_generated >= self.max_new_tokens
         if done:
             self._finalize()
-        return BeamStep(parents, current_tokens.tolist(), done)
+        return BeamStep(parents, tokens, done)
 
     def _search_group(
         self, group: int, logits: torch.Tensor, current_tokens: torch.Tensor
@@ -138,7 +139,7 @@ class GroupBeamSearch:
         if group > 0 and self.params.diversity_penalty > 0:
             frequency = torch.bincount(current_tokens[:start], minlength=self.vocab_size)
             penalty = self.params.diversity_penalty * frequency
-        batch = SamplingBatch.from_rows(self.states[start : start + size], logits.device)
+        batch = SamplingBatch(self.states[start : start + size], logits.device)
         processed = batch.process(log_probs, diversity_penalty=penalty)
         totals = (processed + self.scores[start : start + size, None]).view(1, -1)
         top_scores, top_ids = torch.topk(totals, self.candidates_per_group, dim=1, largest=True, sorted=True)
@@ -183,3 +184,21 @@ class GroupBeamSearch:
             score, hypothesis, stopped = ranked.pop()
             out.append(FinalSequence(list(hypothesis.token_ids), score, list(hypothesis.logprobs), stopped))
         return out
+
+
+class GroupBeamDecoding(BeamRows):
+    """Diverse beam search (``num_beam_groups > 1``), transformers 4.x's ``_group_beam_search``."""
+
+    def make_search(self) -> GroupBeamSearch:
+        request, ctx = self.request, self.ctx
+        return GroupBeamSearch(
+            request.params,
+            request.prompt_ids,
+            ctx.eos_token_ids,
+            ctx.pad_token_id,
+            ctx.vocab_size,
+            self.max_new_tokens,
+            self.ends,
+            self.logprob_fn(),
+            ctx.device,
+        )

@@ -17,13 +17,20 @@ then (exponentially rarer), which bounds the extra verification work.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from decoding.kv_cache import KVPool
+from decoding.model_runner import RowInput
 from decoding.params import GenerationParams
-from decoding.sampling import RowSamplingState, SamplingBatch
+from decoding.request import Request, Row
+from decoding.sampling import RowSamplingState
+from decoding.strategies.base import DraftJob, EngineContext, Fed, Pick
+from decoding.strategies.plain import PlainDecoding
+from decoding.strategies.universal import AssistantText
 
 PROMPT_LOOKUP = "prompt_lookup"
 EARLY_EXIT = "early_exit"
@@ -124,12 +131,26 @@ class Speculation:
     confidence_threshold: float | None = None  # stop drafting after a draft the proposer doubts
     drafts: list[int] = field(default_factory=list)  # fed this step, after the last token
     assistant_slot: int | None = None  # draft models: the row's slot in the assistant's pool
+    assistant_pool: KVPool | None = None  # the pool that slot belongs to
+    through_text: bool = False  # the assistant has another tokenizer: it realigns by its own ids
     assistant_cached: int = 0  # tokens of the history whose K/V the assistant holds
     assistant_ids: list[int] = field(default_factory=list)  # through-text assistants: their own ids
+    text: AssistantText | None = None  # through-text assistants: the target's text as their ids
     num_drafted: int = 0
     num_accepted: int = 0
     draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
     draft_probs: list = field(default_factory=list)  # sampled drafts: q per draft, [vocab_size] each
+
+    def rollback(self, history_length: int) -> None:
+        """After verification a same-vocabulary assistant keeps only K/V of tokens still in the
+        history (a through-text assistant realigns by its own ids at the next draft instead)."""
+        if not self.through_text:
+            self.assistant_cached = min(self.assistant_cached, history_length)
+
+    def release(self) -> None:
+        if self.assistant_slot is not None:
+            self.assistant_pool.free(self.assistant_slot)
+            self.assistant_slot = None
 
 
 def speculation_for(params: GenerationParams) -> Speculation:
@@ -154,7 +175,8 @@ def rejection_sample(scores: torch.Tensor, draft: int, q: torch.Tensor, generato
     """Leviathan et al. 2023 (HF ``_speculative_sampling``): keep the draft with probability
     min(1, p(d) / q(d)), else draw from norm(max(p - q, 0)); the result is distributed as p."""
     p = torch.softmax(scores, dim=-1)  # [vocab_size] the target's processed distribution
-    if float(torch.rand(1, generator=generator)) * float(q[draft]) <= float(p[draft]):
+    uniform = float(torch.rand(1, generator=generator, device=scores.device))
+    if uniform * float(q[draft]) <= float(p[draft]):
         return draft
     residual = (p - q).clamp(min=0)
     total = float(residual.sum())
@@ -167,7 +189,6 @@ def verify_drafts(
     spec: Speculation,
     logits: torch.Tensor,
     commit: Callable[[int, torch.Tensor], bool],
-    device: torch.device,
 ) -> tuple[int, int]:
     """Settle the positions the target just ran for ``[last token] + spec.drafts``.
 
@@ -181,12 +202,11 @@ def verify_drafts(
     rejection = len(draft_probs) == len(drafts) and sampling.params.do_sample
     accepted = emitted = 0
     for i in range(len(drafts) + 1):
-        batch = SamplingBatch.from_rows([sampling], device)
-        scores = batch.process(logits[i : i + 1])
+        scores = sampling.process(logits[i : i + 1])
         if rejection and i < len(drafts):
             token = rejection_sample(scores[0], drafts[i], draft_probs[i], sampling.generator)
         else:
-            token = batch.sample(scores)[0]
+            token = sampling.pick(scores)[0]
         finished = commit(token, logits[i])
         emitted += 1
         if finished or i == len(drafts) or token != drafts[i]:
@@ -195,3 +215,59 @@ def verify_drafts(
     spec.num_drafted += len(drafts)
     spec.num_accepted += accepted
     return accepted, emitted
+
+
+class SpeculativeDecoding(PlainDecoding):
+    """Greedy or sampled decoding whose rows feed ``[last token] + drafts`` and verify them.
+
+    The drafts are proposed by the engine's drafting stage for the ``draft_jobs`` of this step; a
+    row that got none this step (backing off) is a plain row and picks through the batched sampler.
+    """
+
+    def __init__(self, request: Request, ctx: EngineContext) -> None:
+        super().__init__(request, ctx)
+        self.specs = {row.index: speculation_for(request.params) for row in request.rows}
+
+    def draft_jobs(self) -> list[DraftJob]:
+        jobs = []
+        for row in self.request.rows:
+            if row.finished:
+                continue
+            left = row.stop.max_new_tokens - len(row.output_ids) - 1
+            room = self.ctx.max_model_len - row.num_cached - 2
+            jobs.append(DraftJob(row, self.specs[row.index], min(left, room)))
+        return jobs
+
+    def plan(self) -> list[RowInput]:
+        return [
+            RowInput(row.slot, row.num_cached, [row.output_ids[-1], *self.specs[row.index].drafts], 0)
+            for row in self.request.rows
+            if not row.finished
+        ]
+
+    def consume(self, fed: list[Fed]) -> list[Pick]:
+        live = [row for row in self.request.rows if not row.finished]
+        picks = []
+        for row, (_, logits) in zip(live, fed, strict=True):
+            if self.specs[row.index].drafts:
+                self._verify(row, logits)
+            else:
+                row.num_cached += 1
+                picks.append(Pick(self, row, logits[-1]))
+        return picks
+
+    def _verify(self, row: Row, logits: torch.Tensor) -> None:
+        spec = self.specs[row.index]
+        num_drafts = len(spec.drafts)
+        start = row.num_cached
+        now = time.monotonic()
+        accepted, _ = verify_drafts(row.sampling, spec, logits, lambda token, raw: self.commit(row, token, raw, now))
+        row.num_cached = start + 1 + accepted  # rejected drafts: a length change, no copy
+        spec.rollback(len(row.sampling.history) - 1)
+        step_seconds = self.ctx.step_seconds
+        spec.length.update(num_drafts, accepted, spec.draft_seconds / step_seconds if step_seconds else 0.0)
+        self.ctx.observer.on_speculation(spec.proposer, num_drafts, accepted)
+
+    def release(self) -> None:
+        for spec in self.specs.values():
+            spec.release()

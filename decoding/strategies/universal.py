@@ -5,9 +5,11 @@ far is re-encoded with the assistant's tokenizer, the assistant drafts greedily 
 and the drafted text is re-encoded with the target's tokenizer. Two alignments keep this cheap
 and robust:
 
-- assistant side: the assistant's ids for the whole text are compared with those it already has
-  cached; it keeps the common prefix and only feeds the rest (re-tokenisation changes only near the
-  end of the text);
+- assistant side: ``AssistantText`` keeps the target's text and the assistant's ids for it
+  incrementally: the text grows by incremental detokenization of the new target tokens, and only
+  the text after a frozen prefix (cut at a space, where byte-level BPE and SentencePiece both
+  start a token) is re-encoded, so a step costs the same at 2,000 tokens as at 100. The assistant
+  keeps the K/V of the ids it shares with the new encoding and feeds only the rest;
 - target side: the last few target tokens plus the drafted text are re-encoded together, and the
   new target tokens start after the longest diagonal run of matches between the old tail and the
   re-encoding that reaches the tail's end (HF's longest-diagonal idea), so a token boundary that
@@ -19,12 +21,16 @@ the alignment does; alignment quality only moves the acceptance rate.
 
 from __future__ import annotations
 
+from decoding.detokenizer import IncrementalDetokenizer
+
 TAIL_TOKENS = 8  # target tokens re-encoded with the draft text to realign the boundary
+LIVE_ASSISTANT_TOKENS = 32  # assistant tokens at the end of the text that are re-encoded each step
 
 
-def common_prefix_length(a: list[int], b: list[int]) -> int:
+def common_prefix_length(a: list[int], b: list[int], start: int = 0) -> int:
+    """Length of the common prefix of ``a`` and ``b``, known to be at least ``start``."""
     n = min(len(a), len(b))
-    i = 0
+    i = min(start, n)
     while i < n and a[i] == b[i]:
         i += 1
     return i
@@ -45,8 +51,37 @@ def new_tokens_after_tail(tail: list[int], encoded: list[int]) -> list[int]:
     return encoded[best_end + 1 :]
 
 
-def assistant_ids_for(text: str, assistant_tokenizer: object) -> list[int]:
-    return list(assistant_tokenizer.encode(text, add_special_tokens=False))
+class AssistantText:
+    """The assistant's ids for the target's text so far, maintained as the target's history grows."""
+
+    def __init__(self, target_tokenizer: object, assistant_tokenizer: object, prompt_ids: list[int]) -> None:
+        self.assistant_tokenizer = assistant_tokenizer
+        self._prompt_text = target_tokenizer.decode(prompt_ids)
+        self._generated = IncrementalDetokenizer(target_tokenizer, prompt_ids, skip_special_tokens=False)
+        self._num_target = len(prompt_ids)
+        self._frozen_chars = 0  # text[:frozen_chars] is encoded once and for all as frozen_ids
+        self.frozen_ids: list[int] = []
+
+    def ids_for(self, history: list[int]) -> list[int]:
+        """The assistant's ids for the text of ``history`` (the prompt plus the generated ids)."""
+        self._generated.add(history[self._num_target :])
+        self._num_target = len(history)
+        tail = (self._prompt_text + self._generated.text)[self._frozen_chars :]
+        encoded = self.assistant_tokenizer(tail, add_special_tokens=False, return_offsets_mapping=True)
+        tail_ids, offsets = list(encoded["input_ids"]), encoded["offset_mapping"]
+        ids = self.frozen_ids + tail_ids
+        if len(tail_ids) > 2 * LIVE_ASSISTANT_TOKENS:
+            self._freeze(tail, tail_ids, offsets)
+        return ids
+
+    def _freeze(self, tail: str, tail_ids: list[int], offsets: list[tuple[int, int]]) -> None:
+        """Freeze the tokens before a space well behind the end; the rest stays live."""
+        keep_from = offsets[len(tail_ids) - LIVE_ASSISTANT_TOKENS][0]
+        cut = tail.rfind(" ", 0, keep_from + 1)
+        count = sum(1 for _, end in offsets if end <= cut)
+        if cut > 0 and count:
+            self.frozen_ids = self.frozen_ids + tail_ids[:count]
+            self._frozen_chars += offsets[count - 1][1]
 
 
 def target_drafts(history: list[int], draft_text: str, target_tokenizer: object, count: int) -> list[int]:
