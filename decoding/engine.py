@@ -15,20 +15,18 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding import prefill
 from decoding.detokenizer import token_text
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
-from decoding.outputs import RequestOutput, TokenLogprob
+from decoding.outputs import RequestOutput
 from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
-from decoding.request import Request, Row
-from decoding.sampling import BatchSampler, RowSamplingState, make_generator
+from decoding.request import Request
+from decoding.sampling import BatchSampler
 from decoding.scheduler import Scheduler
-from decoding.stopping import StopChecker
 from decoding.strategies import EngineContext, Pick, make_strategy
 from decoding.strategies.drafting import Drafter, make_assistant
-from decoding.streamer import DeltaStreamer
 from decoding.telemetry import EngineObserver
-from decoding.token_logprobs import prompt_logprob_entries
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +62,6 @@ class Engine:
     ) -> None:
         """``assistants``: name -> a model sharing the target's tokenizer, or a
         ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
-        config = model.config.get_text_config()
         scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
         self.pool = KVPool.for_model(
             model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device
@@ -80,69 +77,22 @@ class Engine:
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
         self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
-        self.eos_token_ids = set(eos_token_ids)
-        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
-        if isinstance(pad, list):
-            pad = pad[0] if pad else None
-        self.vocab_size = config.vocab_size
-        self.num_layers = config.num_hidden_layers
-        self.ctx = EngineContext(
-            device=device,
-            pool=self.pool,
-            num_layers=self.num_layers,
-            vocab_size=self.vocab_size,
-            eos_token_ids=list(eos_token_ids),
-            pad_token_id=pad if pad is not None else (eos_token_ids[0] if eos_token_ids else 0),
-            max_model_len=limits.max_model_len,
-            lm_head=model.get_output_embeddings(),
-            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            token_text=self._token_text,
-            observer=observer or EngineObserver(),
+        self.ctx = EngineContext.for_model(
+            model, self.pool, eos_token_ids, limits.max_model_len, self._token_text, observer or EngineObserver()
         )
+        self.vocab_size, self.num_layers = self.ctx.vocab_size, self.ctx.num_layers
         self.limits = limits
         self.emit = emit
         self.device = device
         self.requests: dict[str, Request] = {}
 
-    # the strategies read these through the context; tests and the worker set them here
     @property
     def observer(self) -> EngineObserver:
         return self.ctx.observer
 
-    @observer.setter
-    def observer(self, observer: EngineObserver) -> None:
-        self.ctx.observer = observer
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.ctx.pad_token_id
-
-    @pad_token_id.setter
-    def pad_token_id(self, pad_token_id: int) -> None:
-        self.ctx.pad_token_id = pad_token_id
-
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
-        generator = make_generator(params.seed, self.device) if params.do_sample else None
-        max_new_tokens = min(params.max_new_tokens, self.limits.max_model_len - len(prompt_ids))
-
-        def decode(ids: list[int]) -> str:
-            return self.tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
-
-        rows = [
-            Row(
-                index=index,
-                sampling=RowSamplingState(
-                    params, prompt_ids, self.ctx.eos_token_ids, self.vocab_size, generator, self.device
-                ),
-                streamer=DeltaStreamer(
-                    self.tokenizer, prompt_ids, stop=params.stop, skip_special_tokens=params.skip_special_tokens
-                ),
-                stop=StopChecker(params, self.eos_token_ids, max_new_tokens, decode),
-            )
-            for index in range(params.n)
-        ]
-        request = Request(request_id, list(prompt_ids), params, rows, timeout=self.limits.request_timeout)
+        request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
         request.strategy = make_strategy(request, self.ctx)
         self.requests[request_id] = request
         self.scheduler.add(request)
@@ -202,14 +152,9 @@ class Engine:
         for request in self.scheduler.running:
             if request.prefill_done or budget <= 0:
                 continue
-            start = request.num_prefilled
-            chunk = request.prompt_ids[start : start + budget]
-            last = start + len(chunk) == len(request.prompt_ids)
-            logits_from = 0 if request.params.prompt_logprobs is not None else (len(chunk) - 1 if last else len(chunk))
-            strategy = request.strategy
-            row_input = RowInput(strategy.prefill_slot, start, chunk, logits_from, hidden_layers=strategy.hidden_layers)
-            batch.append(_Fed(request, row_input, True))
-            budget -= len(chunk)
+            chunk = prefill.next_chunk(request, budget)
+            batch.append(_Fed(request, chunk, True))
+            budget -= len(chunk.token_ids)
         return batch
 
     def _forward(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
@@ -248,20 +193,13 @@ class Engine:
                 decode = [(fed.row_input, logits_of[id(fed)]) for fed in mine if not fed.prompt]
                 if decode:
                     picks.extend(request.strategy.consume(decode))
-                for fed in mine:
-                    if fed.prompt:
-                        picks.extend(self._consume_prompt(request, fed.row_input, logits_of[id(fed)]))
+                for chunk in (fed for fed in mine if fed.prompt):
+                    logits = logits_of[id(chunk)]
+                    picks.extend(prefill.consume_chunk(request, chunk.row_input, logits, self._token_text))
             except Exception as exc:
                 logger.exception("request %s failed", request.request_id)
                 self._fail(request, str(exc))
         return [pick for pick in picks if pick.strategy.request.error is None]
-
-    def _consume_prompt(self, request: Request, chunk: RowInput, logits: torch.Tensor) -> list[Pick]:
-        if request.params.prompt_logprobs is not None:
-            self._collect_prompt_logprobs(request, chunk.start, logits)
-        request.num_prefilled += len(chunk.token_ids)
-        request.strategy.consume_prompt_chunk(chunk)
-        return request.strategy.start(logits[-1], chunk) if request.prefill_done else []
 
     def _sample(self, picks: list[Pick]) -> None:
         """Pick every plain row's next token in one batched pass, then hand each to its strategy."""
@@ -298,38 +236,18 @@ class Engine:
             finally:
                 self.sampler.forget()
 
-    def _collect_prompt_logprobs(self, request: Request, start: int, logits: torch.Tensor) -> None:
-        # logits[i] predicts prompt token start + i + 1
-        if request.prompt_logprobs is None:
-            first = request.prompt_ids[0]
-            request.prompt_logprobs = [TokenLogprob(first, self._token_text(first), None)]
-        targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
-        request.prompt_logprobs.extend(
-            prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, self._token_text)
-        )
-
     # ---- streaming and the end -----------------------------------------------------------------------
     def _report(self, requests: Iterable[Request]) -> None:
         for request in requests:
             if request.request_id not in self.requests:
                 continue
-            with_logprobs = request.params.logprobs is not None
-            deltas = [d for row in request.rows if (d := row.take_delta(with_logprobs)) is not None]
-            output = RequestOutput(
-                request.request_id,
-                deltas=deltas,
-                num_prompt_tokens=len(request.prompt_ids),
-                num_generated_tokens=request.num_generated,
-            )
-            if request.prompt_logprobs is not None and request.prefill_done and not request.prompt_logprobs_sent:
-                output.prompt_logprobs = request.prompt_logprobs
-                request.prompt_logprobs_sent = True
+            output = request.take_output()
             if request.strategy.finished:
                 output.finished = True
                 self._forget(request)
                 reason = request.overall_finish_reason().value
                 self.observer.on_finished(request.strategy.name, reason, time.monotonic() - request.arrival_time)
-            if deltas or output.finished or output.prompt_logprobs:
+            if output.deltas or output.finished or output.prompt_logprobs:
                 self.emit(output)
 
     def _fail(self, request: Request, message: str, code: str = "internal") -> None:

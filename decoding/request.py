@@ -12,14 +12,14 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from decoding.outputs import FinishReason, SequenceDelta, TokenLogprob
+from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from decoding.params import GenerationParams
-from decoding.sampling import RowSamplingState
+from decoding.sampling import RowSamplingState, make_generator
 from decoding.stopping import StopChecker
 from decoding.streamer import DeltaStreamer
 
 if TYPE_CHECKING:
-    from decoding.strategies.base import DecodingStrategy
+    from decoding.strategies.base import DecodingStrategy, EngineContext
 
 
 @dataclass
@@ -103,6 +103,51 @@ class Request:
     prompt_logprobs_sent: bool = False
     error: str | None = None
     strategy: DecodingStrategy | None = None  # set right after construction by the engine
+
+    @classmethod
+    def create(
+        cls,
+        request_id: str,
+        prompt_ids: list[int],
+        params: GenerationParams,
+        tokenizer: object,
+        ctx: EngineContext,
+        timeout: float | None,
+    ) -> Request:
+        """A request with its ``n`` rows, each with its sampling memory, text stream and stop rules."""
+        generator = make_generator(params.seed, ctx.device) if params.do_sample else None
+        max_new_tokens = min(params.max_new_tokens, ctx.max_model_len - len(prompt_ids))
+        eos = set(ctx.eos_token_ids)
+
+        def decode(ids: list[int]) -> str:
+            return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+        rows = [
+            Row(
+                index=index,
+                sampling=RowSamplingState(params, prompt_ids, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device),
+                streamer=DeltaStreamer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens),
+                stop=StopChecker(params, eos, max_new_tokens, decode),
+            )
+            for index in range(params.n)
+        ]
+        return cls(request_id, list(prompt_ids), params, rows, timeout=timeout)
+
+    def take_output(self) -> RequestOutput:
+        """What happened since the last output: every row's new tokens and text, the prompt's
+        logprobs once the prompt is in."""
+        with_logprobs = self.params.logprobs is not None
+        deltas = [d for row in self.rows if (d := row.take_delta(with_logprobs)) is not None]
+        output = RequestOutput(
+            self.request_id,
+            deltas=deltas,
+            num_prompt_tokens=len(self.prompt_ids),
+            num_generated_tokens=self.num_generated,
+        )
+        if self.prompt_logprobs is not None and self.prefill_done and not self.prompt_logprobs_sent:
+            output.prompt_logprobs = self.prompt_logprobs
+            self.prompt_logprobs_sent = True
+        return output
 
     @property
     def prefill_done(self) -> bool:

@@ -74,7 +74,7 @@ def check(harness: EngineHarness, request_id: str, case: dict) -> None:
 def run_alone(model, tokenizer, eos: int, cases: list[dict]) -> None:
     for case in cases:
         harness = EngineHarness(model, tokenizer, [eos], max_model_len=512)
-        harness.engine.pad_token_id = case["pad_token_id"]
+        harness.engine.ctx.pad_token_id = case["pad_token_id"]
         harness.add("r", case["prompt_ids"], params_for(case))
         harness.run()
         check(harness, "r", case)
@@ -82,7 +82,7 @@ def run_alone(model, tokenizer, eos: int, cases: list[dict]) -> None:
 
 def run_together(model, tokenizer, eos: int, cases: list[dict]) -> None:
     harness = EngineHarness(model, tokenizer, [eos], max_num_seqs=96, max_num_batched_tokens=64, max_model_len=512)
-    harness.engine.pad_token_id = cases[0]["pad_token_id"]
+    harness.engine.ctx.pad_token_id = cases[0]["pad_token_id"]
     for i, case in enumerate(cases):
         harness.add(f"case{i}", case["prompt_ids"], params_for(case))
         prompt = case["prompt_ids"]

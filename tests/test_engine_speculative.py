@@ -51,7 +51,7 @@ def harness(model, tokenizer, assistants=None, **kwargs) -> tuple[EngineHarness,
             },
         )  # fmt: skip
     counting = Counting()
-    h.engine.observer = counting
+    h.engine.ctx.observer = counting
     return h, counting
 
 

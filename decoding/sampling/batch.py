@@ -80,6 +80,7 @@ class SamplingBatch:
             for token in r.params.suppress_tokens or []:
                 suppress_rows.append(i)
                 suppress_tokens.append(token)
+
         def ids(values: list[int]) -> torch.Tensor:
             return torch.tensor(values, dtype=torch.long, device=device)
 
