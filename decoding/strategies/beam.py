@@ -2,7 +2,7 @@
 
 The model is never called here. Each step the engine hands over the logits of the request's
 ``num_beams`` rows (all computed in the shared batched forward); ``step()`` returns which parent
-beam every new beam continues and its token, so the engine can move KV slots. The arithmetic
+beam every new beam continues and its token, so ``BeamRows`` can move KV slots. The arithmetic
 mirrors HF's vectorised implementation operation for operation on ``[1, num_beams * vocab]``
 tensors (top-K with K = max(2, 1 + num_eos) * num_beams candidates, ``-1e9`` masks, the
 length-penalised merge of finished hypotheses, and the ``early_stopping`` heuristic), because
@@ -46,7 +46,7 @@ class Hypothesis:
 
 @dataclass
 class BeamStep:
-    """What the engine must do after one step: KV moves, and whether the search is over."""
+    """What ``BeamRows`` must do after one step: KV moves, and whether the search is over."""
 
     parents: list[int]  # new beam j continues old beam parents[j]
     tokens: list[int]  # and feeds tokens[j] next

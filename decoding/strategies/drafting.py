@@ -99,18 +99,22 @@ class Drafter:
             job.spec.assistant_cached = position
 
     def _draft_through_text(self, group: list[tuple[DraftJob, int]], assistant: Assistant) -> None:
-        inputs = []
-        for job, _ in group:
+        inputs, fitting = [], []
+        for job, count in group:
             spec = self._assistant_slot(job.spec, assistant)
             if spec.text is None:
                 prompt = job.row.sampling.history[: len(job.row.sampling.history) - len(job.row.output_ids)]
                 spec.text = AssistantText(self.target_tokenizer, assistant.tokenizer, prompt)
             stable = len(spec.text.frozen_ids)  # ids both encodings share for certain
             ids = spec.text.ids_for(job.row.sampling.history)
+            if len(ids) + count > assistant.pool.max_model_len:  # the text outgrew the assistant's slot
+                continue
             cached = min(spec.assistant_cached, common_prefix_length(spec.assistant_ids, ids, stable), len(ids) - 1)
             spec.assistant_ids = ids
             pending = ids[cached:]
             inputs.append(RowInput(spec.assistant_slot, cached, pending, len(pending) - 1))
+            fitting.append((job, count))
+        group = fitting
         # another vocabulary: no q over the target's tokens, so sampled rows match picks instead
         drafted, cached = self._greedy(assistant.runner, group, inputs, assistant.eos_token_ids, None, False)
         for (job, count), tokens, position in zip(group, drafted, cached, strict=True):
