@@ -85,20 +85,31 @@ def test_request_timeout_and_max_time(model, smollm2_tokenizer):
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.engine.limits = EngineLimits(256, 16, 512, request_timeout=0.0)
     harness.add("late", prompt(3), GenerationParams(max_new_tokens=5))
+    harness.add("late-beams", prompt(3), GenerationParams(max_new_tokens=5, num_beams=4, num_beam_groups=2))
     harness.run()
-    assert harness.outputs["late"][-1].error is None
-    assert harness.finish_reason("late") == "length"
+    for name in ("late", "late-beams"):  # expired before a single step: nothing generated, no error
+        assert harness.outputs[name][-1].error is None
+        assert harness.finish_reason(name) == "length"
 
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
-    harness.engine.limits = EngineLimits(256, 16, 512, request_timeout=0.05)
-    for name, params in (
-        ("plain", GenerationParams(max_new_tokens=200, ignore_eos=True)),
-        ("beam", GenerationParams(max_new_tokens=200, ignore_eos=True, num_beams=2)),
-        ("contrastive", GenerationParams(max_new_tokens=200, ignore_eos=True, penalty_alpha=0.6, top_k=4)),
+    names = ("plain", "beam", "contrastive")
+    for name, params in zip(
+        names,
+        (
+            GenerationParams(max_new_tokens=200, ignore_eos=True),
+            GenerationParams(max_new_tokens=200, ignore_eos=True, num_beams=2),
+            GenerationParams(max_new_tokens=200, ignore_eos=True, penalty_alpha=0.6, top_k=4),
+        ),
+        strict=True,
     ):
         harness.add(name, prompt(5), params)
+    with torch.inference_mode():
+        for _ in range(5):
+            harness.engine.step()
+    for name in names:  # the server timeout passes mid-generation (set on the request: no clock race)
+        harness.engine.requests[name].timeout = 0.0
     harness.run()
-    for name in ("plain", "beam", "contrastive"):
+    for name in names:
         assert harness.outputs[name][-1].error is None, name
         assert harness.finish_reason(name) == "length", name
         assert 0 < len(harness.token_ids(name)) < 200, name

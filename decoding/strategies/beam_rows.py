@@ -133,7 +133,9 @@ class BeamRows(DecodingStrategy):
         params = request.params
         results = self.search.results(len(request.rows))
         total = 0
-        for row, result in zip(request.rows, results, strict=True):
+        for row in request.rows[len(results) :]:  # a search ended before its first step has none
+            row.finish(FinishReason.LENGTH)
+        for row, result in zip(request.rows, results, strict=False):
             ids = result.token_ids
             total += len(ids)
             row.output_ids = list(ids)
