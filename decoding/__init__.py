@@ -7,6 +7,7 @@ from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullE
 from decoding.config import EngineConfig
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob, TopLogprob
 from decoding.params import GenerationParams, ParameterError, Strategy, resolve_strategy
+from decoding.validation import ModelFacts, check_against_model
 
 __all__ = [
     "EngineClient",
@@ -14,6 +15,7 @@ __all__ = [
     "EngineUnavailableError",
     "FinishReason",
     "GenerationParams",
+    "ModelFacts",
     "ParameterError",
     "QueueFullError",
     "RequestOutput",
@@ -22,5 +24,6 @@ __all__ = [
     "Strategy",
     "TokenLogprob",
     "TopLogprob",
+    "check_against_model",
     "resolve_strategy",
 ]

@@ -3,18 +3,27 @@
 ``generate`` checks admission synchronously (so a full queue is a 429 before any byte is sent),
 then returns an async iterator fed by ``loop.call_soon_threadsafe`` from the worker. Closing the
 iterator before the request finished (a client disconnect) aborts it in the worker.
+
+Tokenization, chat templates and ``decode`` run on one thread of the client's own: a 30k-character
+prompt then never stalls the event loop, and a fast tokenizer, which must not be used by two
+threads at once, is only ever used by that one (the worker detokenizes with its own copy).
 """
 
 from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
 
 from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
+from decoding.validation import ModelFacts
 from decoding.worker import Worker
+
+T = TypeVar("T")
 
 
 class WorkerEngineClient(EngineClient):
@@ -23,33 +32,26 @@ class WorkerEngineClient(EngineClient):
         worker: Worker,
         tokenizer: object,
         served_name: str,
-        max_model_len: int,
+        facts: ModelFacts,
         max_queue: int,
-        vocab_size: int,
         has_chat_template: bool,
         assistants: list[ServedModel] | None = None,
         generation_defaults: dict | None = None,
-        max_num_seqs: int = 16,
-        max_num_beams: int = 8,
-        num_layers: int | None = None,
         default_assistant: str | None = None,
     ) -> None:
-        self._default_assistant = default_assistant
-        self._num_layers = num_layers
-        self._max_num_seqs = max_num_seqs
-        self._max_num_beams = max_num_beams
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
-        self._max_model_len = max_model_len
+        self._facts = facts
         self._max_queue = max_queue
-        self._vocab_size = vocab_size
         self._has_chat_template = has_chat_template
         self._assistants = assistants or []
+        self._default_assistant = default_assistant
         # the model's generation_config.json values; requests override them, they override server defaults
         self.generation_defaults = dict(generation_defaults or {})
         self._draining = False
         self._lock = threading.Lock()
+        self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-tokenizer")
 
     # ---- model facts -------------------------------------------------------------------------------
     @property
@@ -57,24 +59,26 @@ class WorkerEngineClient(EngineClient):
         return self._served_name
 
     @property
-    def max_model_len(self) -> int:
-        return self._max_model_len
-
-    @property
-    def vocab_size(self) -> int:
-        return self._vocab_size
+    def facts(self) -> ModelFacts:
+        return self._facts
 
     def served_models(self) -> list[ServedModel]:
-        return [ServedModel(self._served_name, "target", self._max_model_len), *self._assistants]
+        return [ServedModel(self._served_name, "target", self._facts.max_model_len), *self._assistants]
+
+    def is_alive(self) -> bool:
+        return self.worker.alive
 
     def is_ready(self) -> bool:
         return self.worker.alive and not self._draining
 
-    # ---- text ----------------------------------------------------------------------------------------
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        return list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
+    # ---- text, on the tokenizer thread ----------------------------------------------------------------
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._text_thread, work)
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self._off_loop(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         if not self._has_chat_template:
             raise ParameterError(
                 f"model '{self._served_name}' has no chat template (it is a base model); "
@@ -82,66 +86,17 @@ class WorkerEngineClient(EngineClient):
                 param="messages",
                 code="chat_template_missing",
             )
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if isinstance(ids, dict) or hasattr(ids, "input_ids"):
-            ids = ids["input_ids"]
-        return list(ids)
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
-        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        def render() -> list[int]:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
 
-    def check_params(self, params: GenerationParams) -> None:
-        def check_ids(ids: list[int], param: str) -> None:
-            for token_id in ids:
-                if not 0 <= token_id < self._vocab_size:
-                    raise ParameterError(
-                        f"{param} contains token id {token_id}, outside the vocabulary [0, {self._vocab_size})",
-                        param=param,
-                    )
+        return await self._off_loop(render)
 
-        check_ids([t for words in params.bad_words_ids or [] for t in words], "bad_words_ids")
-        check_ids(params.suppress_tokens or [], "suppress_tokens")
-        check_ids(list(params.logit_bias or {}), "logit_bias")
-        check_ids(params.stop_token_ids, "stop_token_ids")
-        if params.num_beams > self._max_num_beams:
-            raise ParameterError(
-                f"num_beams must be at most {self._max_num_beams} on this server (--max-num-beams), "
-                f"got {params.num_beams}",
-                param="num_beams",
-            )
-        if isinstance(params.dola_layers, list) and self._num_layers is not None:
-            num_layers = self._num_layers
-            for layer in params.dola_layers:
-                if not 0 <= layer <= num_layers:
-                    raise ParameterError(
-                        f"dola_layers entries must be in [0, {num_layers}] for this model, got {layer}",
-                        param="dola_layers",
-                    )
-            if not any(layer < num_layers for layer in params.dola_layers):
-                raise ParameterError(
-                    f"dola_layers needs at least one premature layer below {num_layers} (the final layer)",
-                    param="dola_layers",
-                )
-        exit_layer = params.assistant_early_exit
-        if exit_layer is not None and self._num_layers is not None and not 1 <= exit_layer <= self._num_layers - 1:
-            raise ParameterError(
-                f"assistant_early_exit must be in [1, {self._num_layers - 1}] for this model, got {exit_layer}",
-                param="assistant_early_exit",
-            )
-        rows, field_name = (params.num_beams, "num_beams") if params.num_beams > 1 else (params.n, "n")
-        if rows > self._max_num_seqs:
-            raise ParameterError(
-                f"{field_name} ({rows}) needs more rows than the server's batch holds (--max-num-seqs "
-                f"{self._max_num_seqs})",
-                param=field_name,
-            )
-        known = {m.name for m in self._assistants}
-        if params.assistant_model is not None and params.assistant_model not in known:
-            raise ParameterError(
-                f"unknown assistant_model '{params.assistant_model}'; served assistants: {sorted(known) or 'none'}",
-                param="assistant_model",
-                code="model_not_found",
-            )
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return await self._off_loop(lambda: self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
 
     # ---- generation ----------------------------------------------------------------------------------
     def generate(
@@ -151,37 +106,74 @@ class WorkerEngineClient(EngineClient):
             params = params.replace(assistant_model=self._default_assistant)  # --default-assistant
         with self._lock:
             if self._draining or not self.worker.alive:
-                raise EngineUnavailableError("the server is shutting down" if self._draining else "worker stopped")
+                raise EngineUnavailableError(
+                    "the server is shutting down" if self._draining else "the engine worker is not running"
+                )
             if self.worker.num_pending >= self._max_queue:
                 raise QueueFullError(f"the waiting queue is full ({self._max_queue} requests); retry later")
             loop = asyncio.get_running_loop()
             outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
             def sink(output: RequestOutput) -> None:
-                loop.call_soon_threadsafe(outputs.put_nowait, output)
+                try:
+                    loop.call_soon_threadsafe(outputs.put_nowait, output)
+                except RuntimeError:  # the event loop is closed: nobody is left to read it
+                    pass
 
             self.worker.submit(request_id, list(prompt_ids), params, sink)
-        return self._stream(request_id, outputs)
-
-    async def _stream(self, request_id: str, outputs: asyncio.Queue[RequestOutput]) -> AsyncIterator[RequestOutput]:
-        finished = False
-        try:
-            while not finished:
-                output = await outputs.get()
-                finished = output.finished
-                yield output
-        finally:
-            if not finished:
-                self.worker.abort(request_id)
+        return OutputStream(request_id, outputs, self.worker.abort)
 
     async def abort(self, request_id: str) -> None:
         self.worker.abort(request_id)
 
     async def shutdown(self, drain_timeout: float = 30.0) -> None:
-        """Stop admitting, let in-flight requests finish up to ``drain_timeout``, then stop."""
+        """Stop admitting, let in-flight requests finish up to ``drain_timeout``, then stop.
+
+        Requests still running at the deadline end with an "unavailable" error (HTTP 503).
+        """
         self._draining = True
         loop = asyncio.get_running_loop()
         deadline = loop.time() + drain_timeout
-        while self.worker.num_active and loop.time() < deadline:
+        while self.worker.alive and self.worker.num_active and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.to_thread(self.worker.stop, 10.0)
+        self._text_thread.shutdown(wait=False, cancel_futures=True)
+
+
+class OutputStream:
+    """One request's outputs, in order; closing it (or cancelling a read) before the last one aborts.
+
+    A class rather than an async generator: ``aclose`` works whether or not iteration ever
+    started (a generator that never ran has no ``finally`` to abort from) and while another task
+    is suspended reading it (a generator's ``aclose`` would raise "already running").
+    """
+
+    def __init__(self, request_id: str, outputs: asyncio.Queue[RequestOutput], abort: Callable[[str], None]) -> None:
+        self.request_id = request_id
+        self._outputs = outputs
+        self._abort = abort
+        self._done = False
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            output = await self._outputs.get()
+        except BaseException:  # cancelled while waiting: the reader went away
+            await self.aclose()
+            raise
+        self._done = output.finished
+        return output
+
+    async def aclose(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort(self.request_id)
+
+    def __del__(self) -> None:  # dropped unread: free its rows all the same
+        if not self._done:
+            self._done = True
+            self._abort(self.request_id)

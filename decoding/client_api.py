@@ -2,16 +2,19 @@
 
 ``server/`` only ever talks to an ``EngineClient``: tokenization, chat templates and generation
 all go through it, so the HTTP layer never imports torch and tests can drive it with a fake.
+Text work is ``async``: an engine client runs it off the event loop, so a long prompt being
+tokenized never stalls ``/health`` or other streams.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
+from decoding.validation import ModelFacts, check_against_model
 
 
 class QueueFullError(RuntimeError):
@@ -23,7 +26,7 @@ class QueueFullError(RuntimeError):
 
 
 class EngineUnavailableError(RuntimeError):
-    """The engine is not accepting requests (still loading, or draining for shutdown)."""
+    """The engine is not accepting requests (still loading, draining for shutdown, or its worker died)."""
 
 
 @dataclass(frozen=True)
@@ -45,8 +48,13 @@ class EngineClient(ABC):
 
     @property
     @abstractmethod
+    def facts(self) -> ModelFacts:
+        """The model's and server's limits every request is checked against."""
+
+    @property
     def max_model_len(self) -> int:
         """Prompt plus generated tokens may not exceed this."""
+        return self.facts.max_model_len
 
     generation_defaults: dict = {}  # the model's generation_config.json knobs (request > these > server)
 
@@ -54,32 +62,34 @@ class EngineClient(ABC):
     def served_models(self) -> list[ServedModel]: ...
 
     @abstractmethod
+    def is_alive(self) -> bool:
+        """The worker is running (False once it died or stopped): ``/health`` answers 503 otherwise."""
+
+    @abstractmethod
     def is_ready(self) -> bool:
         """Model loaded, worker running and admitting requests (False while draining)."""
 
     @abstractmethod
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     @abstractmethod
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
         """Token ids of the rendered conversation plus the generation prompt.
 
         Raises ``ParameterError(param="messages")`` when the tokenizer has no chat template.
         """
 
     @abstractmethod
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
 
-    @property
-    @abstractmethod
-    def vocab_size(self) -> int: ...
-
-    @abstractmethod
-    def check_params(self, params: GenerationParams) -> None:
-        """Model-dependent validation (token ids inside the vocabulary, known assistant, ...).
+    def check_request(
+        self, params: GenerationParams, prompts: Sequence[Sequence[int]], prompt_param: str = "prompt"
+    ) -> None:
+        """Model-dependent validation (vocabulary, layers, context, batch rows, assistants).
 
         Raises ``ParameterError`` naming the field; called before ``generate``.
         """
+        check_against_model(params, self.facts, prompts, prompt_param)
 
     @abstractmethod
     def generate(
@@ -88,7 +98,9 @@ class EngineClient(ABC):
         """Submit a request and iterate over its outputs until one has ``finished=True``.
 
         Raises ``QueueFullError`` at once when the waiting queue is full, and
-        ``EngineUnavailableError`` when draining. Closing the iterator early (client disconnect)
+        ``EngineUnavailableError`` when draining or when the worker is gone. An output with
+        ``error`` set ends the request: ``error_code`` "unavailable" means the server stopped
+        (retry elsewhere), "internal" a bug. Closing the iterator early (client disconnect)
         aborts the request in the worker.
         """
 

@@ -22,4 +22,3 @@ class EngineConfig:
     cache_dir: str | None = None  # where converted models are kept; None: ~/.cache/decoda
     assistant_models: list[tuple[str | None, str]] = field(default_factory=list)  # (name or None, model)
     default_assistant: str | None = None
-    seed: int = 0  # seeds unseeded requests' generators (each request still gets its own)

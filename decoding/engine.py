@@ -271,6 +271,8 @@ class Engine:
         )
         reason = "abort" if error is None else "error"
         self.observer.on_finished(request.strategy.name, reason, time.monotonic() - request.arrival_time)
+        # no step may follow (the engine goes idle): the gauges must not keep the freed rows
+        self.observer.on_step(0, self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
 
     def _forget(self, request: Request) -> None:
         self.scheduler.remove(request)

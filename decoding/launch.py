@@ -23,6 +23,7 @@ from decoding.config import EngineConfig
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import LoadedModel, load_model
 from decoding.telemetry import EngineObserver
+from decoding.validation import ModelFacts
 from decoding.weight_layout import pack_linears
 from decoding.worker import Worker
 
@@ -60,18 +61,22 @@ class _Built:
 def start_engine_client(config: EngineConfig, observer: EngineObserver | None = None) -> WorkerEngineClient:
     worker, built = Worker.spawn(lambda: build_engine(config, observer))
     loaded = built.loaded
+    facts = ModelFacts(
+        vocab_size=worker.engine.vocab_size,
+        max_model_len=built.max_model_len,
+        num_layers=worker.engine.num_layers,
+        max_num_seqs=config.max_num_seqs,
+        max_num_beams=config.max_num_beams,
+        assistants=tuple(built.assistants),
+    )
     return WorkerEngineClient(
         worker,
         loaded.tokenizer,
         served_name=config.served_model_name or loaded.served_name,
-        max_model_len=built.max_model_len,
+        facts=facts,
         max_queue=config.max_queue,
-        vocab_size=worker.engine.vocab_size,
         has_chat_template=loaded.has_chat_template,
         generation_defaults=loaded.generation_defaults,
-        max_num_seqs=config.max_num_seqs,
-        max_num_beams=config.max_num_beams,
-        num_layers=worker.engine.num_layers,
         assistants=[ServedModel(name, "assistant", built.max_model_len) for name in built.assistants],
         default_assistant=config.default_assistant,
     )

@@ -121,28 +121,7 @@ def resolve_strategy(params: GenerationParams) -> Strategy:
     return Strategy.SAMPLE if params.do_sample else Strategy.GREEDY
 
 
-# Strategies this engine serves today; a request resolving to another one is a clear 400.
-SUPPORTED_STRATEGIES = {
-    Strategy.GREEDY,
-    Strategy.SAMPLE,
-    Strategy.BEAM,
-    Strategy.BEAM_SAMPLE,
-    Strategy.GROUP_BEAM,
-    Strategy.CONTRASTIVE,
-    Strategy.DOLA,
-    Strategy.ASSISTED,
-}
 MAX_CONTRASTIVE_TOP_K = 32  # the KV pool's scratch positions for candidates (strategies/contrastive.py)
-
-# The field that selects each strategy, named in the "not supported" error.
-_STRATEGY_FIELD = {
-    Strategy.ASSISTED: "assistant_model",
-    Strategy.DOLA: "dola_layers",
-    Strategy.BEAM: "num_beams",
-    Strategy.BEAM_SAMPLE: "num_beams",
-    Strategy.GROUP_BEAM: "num_beam_groups",
-    Strategy.CONTRASTIVE: "penalty_alpha",
-}
 
 
 def _check(ok: bool, param: str, message: str) -> None:
@@ -162,11 +141,12 @@ def _in_range(
     _check(above and below, name, f"{name} must be in {left}{low:g}, {high:g}{right}, got {value}")
 
 
-def validate(params: GenerationParams, *, max_num_beams: int | None = None, max_n: int = 128) -> None:
-    """Complete validation of one request, once, before it reaches the worker.
+def validate(params: GenerationParams, *, max_n: int = 128) -> None:
+    """Complete validation of one request's knobs, once, before it reaches the worker.
 
     Messages name the field, the allowed range and the value. Incompatible combinations are
-    errors: nothing a user sets is silently ignored.
+    errors: nothing a user sets is silently ignored. What also depends on the served model (its
+    vocabulary, layers, context, the server's batch) is ``decoding.validation.check_against_model``.
     """
     _check(params.max_new_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {params.max_new_tokens}")
     _check(params.min_new_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {params.min_new_tokens}")
@@ -176,6 +156,11 @@ def validate(params: GenerationParams, *, max_num_beams: int | None = None, max_
         f"min_tokens ({params.min_new_tokens}) must not exceed max_tokens ({params.max_new_tokens})",
     )
     _in_range(params, "temperature", 0, 100)
+    _check(
+        not (params.do_sample and params.temperature == 0),
+        "temperature",
+        "temperature 0 means greedy decoding; it cannot be combined with do_sample=true",
+    )
     _in_range(params, "top_p", 0, 1, low_open=True)
     _check(params.top_k is None or params.top_k >= 0, "top_k", f"top_k must be >= 0, got {params.top_k}")
     _in_range(params, "min_p", 0, 1)
@@ -204,32 +189,16 @@ def validate(params: GenerationParams, *, max_num_beams: int | None = None, max_
     for words in params.bad_words_ids or []:
         _check(bool(words), "bad_words_ids", "bad_words_ids must not contain an empty list")
     _check(all(s for s in params.stop), "stop", "stop strings must not be empty")
-    _validate_beams(params, max_num_beams)
+    _validate_beams(params)
     _validate_special_strategies(params)
-    strategy = resolve_strategy(params)
-    if strategy not in SUPPORTED_STRATEGIES:
-        field_name = _STRATEGY_FIELD[strategy]
-        if strategy is Strategy.ASSISTED and params.assistant_model is None:
-            field_name = "prompt_lookup_num_tokens" if params.prompt_lookup_num_tokens else "assistant_early_exit"
-        raise ParameterError(
-            f"{strategy.value} decoding (selected by {field_name}) is not supported by this server yet",
-            param=field_name,
-            code="unsupported_strategy",
-        )
-    for name in ("generation_preset", "custom_generate"):
+    for name in ("generation_preset", "custom_generate"):  # named presets and custom methods: a later issue
         if getattr(params, name) is not None:
             raise ParameterError(f"{name} is not supported by this server yet", param=name, code="unsupported")
 
 
-def _validate_beams(params: GenerationParams, max_num_beams: int | None) -> None:
-    """The server's own cap on num_beams (--max-num-beams) is checked by the engine client."""
+def _validate_beams(params: GenerationParams) -> None:
+    """The server's own cap on num_beams (--max-num-beams) is in ``decoding.validation``."""
     _check(params.num_beams >= 1, "num_beams", f"num_beams must be >= 1, got {params.num_beams}")
-    if max_num_beams is not None:
-        _check(
-            params.num_beams <= max_num_beams,
-            "num_beams",
-            f"num_beams must be in [1, {max_num_beams}], got {params.num_beams}",
-        )
     _check(
         params.num_beam_groups >= 1, "num_beam_groups", f"num_beam_groups must be >= 1, got {params.num_beam_groups}"
     )

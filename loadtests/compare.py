@@ -4,7 +4,9 @@ Servers (each started as a subprocess on its own loopback port, waited for, meas
 - Decoda serving the embedded SmolLM2-135M-Instruct (float32);
 - ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
 - llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
-  runs quantized (the others run the dequantized float32 weights), in its own virtualenv.
+  runs quantized (the others run the dequantized float32 weights), in its own virtualenv: the
+  interpreter is ``--llama-cpp-python PATH`` or ``$DECODA_LLAMA_CPP_PYTHON``; with neither, that
+  server is skipped (and the report says why).
 
 The servers take turns over ``--rounds`` rounds (the order reversed every other round), since
 this machine's speed drifts over minutes; ratios are taken within a round, where both servers
@@ -21,6 +23,7 @@ import argparse
 import asyncio
 import importlib.util
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -38,8 +41,8 @@ from loadtests.loadgen import run_load
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtests" / "results"
-DEFAULT_LLAMACPP = Path("/work/peers/llamacpp/bin/python")
-DECODA, TRANSFORMERS = "decoda", "transformers serve --continuous-batching"
+LLAMACPP_ENV = "DECODA_LLAMA_CPP_PYTHON"  # the llama.cpp virtualenv's interpreter, when no flag names it
+DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batching", "llama.cpp server (Q4_1)"
 
 
 def free_port() -> int:
@@ -95,11 +98,13 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list
             transformers_cli, "serve", "--continuous-batching", "--device", "cpu", "--dtype", "float32",
             "--port", str(port), str(view),
         ], str(view))  # fmt: skip
-    llamacpp = Path(args.llamacpp_python)
-    if not llamacpp.exists():
-        commands["llama.cpp server (Q4_1)"] = "not installed"
+    llamacpp = args.llama_cpp_python or os.environ.get(LLAMACPP_ENV)
+    if not llamacpp:
+        commands[LLAMACPP] = f"skipped: no interpreter given (--llama-cpp-python PATH or ${LLAMACPP_ENV})"
+    elif not Path(llamacpp).exists():
+        commands[LLAMACPP] = f"skipped: {llamacpp} does not exist"
     else:
-        commands["llama.cpp server (Q4_1)"] = ([
+        commands[LLAMACPP] = ([
             str(llamacpp), "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--port", str(port),
             "--n_ctx", "4096", "--n_threads", "2",
             "--interrupt_requests", "False",  # its default cuts a running stream when another request arrives
@@ -282,7 +287,7 @@ def write_plot(rows: list[dict]) -> Path | None:
     return path
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--requests-per-client", type=int, default=4)
@@ -292,8 +297,18 @@ def main() -> None:
     parser.add_argument("--servers", default="decoda,transformers,llama.cpp", help="comma list to run")
     parser.add_argument("--rounds", type=int, default=3, help="times each server is measured, taking turns")
     parser.add_argument("--hf-folder", default=None, help="safetensors folder for transformers serve")
-    parser.add_argument("--llamacpp-python", default=str(DEFAULT_LLAMACPP))
-    args = parser.parse_args()
+    parser.add_argument(
+        "--llama-cpp-python",
+        "--llamacpp-python",
+        default=None,
+        metavar="PATH",
+        help=f"python of a virtualenv with llama-cpp-python[server] (default ${LLAMACPP_ENV}; neither: skipped)",
+    )
+    return parser
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_dir = RESULTS / "logs"
@@ -306,6 +321,7 @@ def main() -> None:
     for name, spec in servers:
         if isinstance(spec, str):
             problems[name] = spec
+            print(f"{name}: {spec}", file=sys.stderr, flush=True)
     runnable = [(name, spec) for name, spec in servers if not isinstance(spec, str)]
     for round_ in range(1, args.rounds + 1):
         order = runnable if round_ % 2 else runnable[::-1]  # reversed every other round: drift cancels

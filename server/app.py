@@ -1,8 +1,11 @@
 """The FastAPI application: routes, error handlers, metrics, and the engine's life cycle.
 
 The engine loads during startup (uvicorn serves nothing until it is ready, and a failed load
-exits non-zero). On SIGTERM uvicorn stops accepting connections, lets in-flight requests finish
-up to ``drain_timeout``, then the lifespan drains and stops the worker, and the process exits 0.
+exits non-zero). On SIGTERM uvicorn stops accepting connections and ``decoda serve`` starts the
+drain at once (``begin_drain``): no new requests, in-flight ones may finish for ``drain_timeout``,
+then the worker stops and whatever is still running ends with a 503 (an SSE error event for a
+stream). uvicorn waits a little longer than that before it cuts connections itself, so clients
+get the error rather than a dropped connection; then the lifespan ends and the process exits 0.
 """
 
 from __future__ import annotations
@@ -35,13 +38,13 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
 
             app.state.engine = await asyncio.to_thread(start_engine_client, settings.engine_config(), metrics)
             logger.info("serving %s on http://%s:%d", app.state.engine.model_name, settings.host, settings.port)
+        app.state.loop = asyncio.get_running_loop()
         try:
             yield
         finally:
-            client = app.state.engine
-            shutdown = getattr(client, "shutdown", None)
-            if shutdown is not None and engine_client is None:
-                await shutdown(settings.drain_timeout)
+            drain = start_drain(app)
+            if drain is not None:
+                await drain
                 close_remaining_streams()
 
     app = FastAPI(
@@ -53,8 +56,27 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.settings = settings
     app.state.metrics = metrics
     app.state.engine = engine_client
+    app.state.owns_engine = engine_client is None  # an engine handed in (tests) is its owner's to stop
+    app.state.loop = None
+    app.state.drain = None
     drain_streams_on_shutdown()
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)
     return app
+
+
+def start_drain(app: FastAPI) -> asyncio.Task | None:
+    """Drain the engine this app started, once: stop admitting, wait up to ``drain_timeout`` for
+    in-flight requests, then stop the worker (what is left ends with a 503). On the event loop."""
+    shutdown = getattr(app.state.engine, "shutdown", None)
+    if app.state.drain is None and app.state.owns_engine and shutdown is not None:
+        app.state.drain = asyncio.get_running_loop().create_task(shutdown(app.state.settings.drain_timeout))
+    return app.state.drain
+
+
+def begin_drain(app: FastAPI) -> None:
+    """Start the drain from a signal handler (any thread): SIGTERM's deadline starts now."""
+    loop = app.state.loop
+    if loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(start_drain, app)

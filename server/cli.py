@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import signal
 import sys
+from types import FrameType
 
-from server.settings import add_arguments, load_settings
+from server.settings import add_arguments, config_path, load_settings
+
+logger = logging.getLogger(__name__)
+
+DRAIN_MARGIN = 5  # seconds uvicorn waits beyond drain_timeout: the worker's last outputs reach their clients
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -16,7 +22,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve = commands.add_parser(
         "serve",
         help="serve a model over the OpenAI API",
-        description="Serve a model over the OpenAI API. Every flag also reads DECODA_<FLAG> and config/server.yaml.",
+        description="Serve a model over the OpenAI API. Every flag also reads DECODA_<FLAG> and the config file "
+        "(--config, else ./config/server.yaml, else the one installed with Decoda).",
     )
     add_arguments(serve)
     return parser
@@ -30,20 +37,31 @@ def main(argv: list[str] | None = None) -> None:
         print(f"decoda: {exc}", file=sys.stderr)
         sys.exit(2)
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logger.info("settings file: %s", config_path(args) or "none (built-in defaults)")
     import uvicorn
 
-    from server.app import create_app
+    from server.app import begin_drain, create_app
 
+    class DrainingServer(uvicorn.Server):
+        """uvicorn's server, which also starts the app's drain the moment a signal asks it to exit."""
+
+        def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+            begin_drain(app)
+            super().handle_exit(sig, frame)
+
+    app = create_app(settings)
     # uvicorn drains on SIGTERM, then re-raises the signal it captured; with the default handler
     # that kills the process (exit -15). A no-op handler lets a drained server exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)
-    uvicorn.run(
-        create_app(settings),
+    config = uvicorn.Config(
+        app,
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
-        timeout_graceful_shutdown=int(settings.drain_timeout),
+        # past the app's own deadline, so requests still running end with a 503, not a cut connection
+        timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + DRAIN_MARGIN,
     )
+    DrainingServer(config).run()
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """Every error leaves in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
 Handlers map validation problems to 400 naming the field, unknown models to 404, a full queue to
-429 with ``Retry-After``, and anything unexpected to a 500 that names the request id without
-leaking a traceback.
+429 with ``Retry-After``, a stopped or dead engine to 503 with ``Retry-After``, and anything
+unexpected to a 500 that names the request id without leaking a traceback.
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from decoding import EngineUnavailableError, ParameterError, QueueFullError
+from decoding import EngineUnavailableError, ParameterError, QueueFullError, RequestOutput
 
 logger = logging.getLogger(__name__)
+
+RETRY_UNAVAILABLE = "5"  # seconds; another replica (or this one, restarted) can take the request
 
 
 class APIError(Exception):
@@ -54,10 +56,22 @@ def from_exception(exc: Exception, request_id: str | None = None) -> APIError:
         retry = str(max(1, round(exc.retry_after)))
         return APIError(429, str(exc), type_="rate_limit_error", code="queue_full", headers={"Retry-After": retry})
     if isinstance(exc, EngineUnavailableError):
-        return APIError(503, str(exc), type_="service_unavailable", code="unavailable", headers={"Retry-After": "5"})
+        return unavailable(str(exc))
     request_id = request_id or f"req-{uuid.uuid4().hex[:12]}"
     logger.exception("request %s failed", request_id, exc_info=exc)
     return APIError(500, f"internal error while serving request {request_id}", type_="server_error", code="internal")
+
+
+def unavailable(message: str, code: str = "unavailable") -> APIError:
+    return APIError(503, message, type_="service_unavailable", code=code, headers={"Retry-After": RETRY_UNAVAILABLE})
+
+
+def from_output(output: RequestOutput) -> APIError:
+    """The error a failed engine output stands for: 503 when the server stopped under it, else a 500."""
+    message = output.error or f"request {output.request_id} failed"
+    if output.error_code == "unavailable":
+        return unavailable(message)
+    return APIError(500, message, type_="server_error", code="internal")
 
 
 def _field_name(loc: tuple) -> str | None:

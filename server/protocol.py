@@ -3,7 +3,10 @@
 Models forbid unknown fields (a typo like ``num_beam`` is a 400 naming it) and are strict about
 types. ``to_params`` applies OpenAI's meaning (temperature 0 is greedy, ``n``, ``stop``,
 ``logprobs``) and the default precedence request > model generation_config > server default,
-then ``decoding.params.validate`` checks every knob once.
+then ``decoding.params.validate`` checks every knob once. What stays here are the checks that
+only make sense on the request as sent: aliases that disagree (``n`` / ``num_return_sequences``),
+a warper set on a greedy request (the params cannot tell it from a model default), the range of
+OpenAI's temperature before 0 turns into greedy, and fields the engine never sees (``suffix``, ``best_of``).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ class ChatMessage(_Strict):
 class GenerationFields(_Strict):
     """Fields shared by both endpoints: OpenAI's, then transformers' GenerationConfig names."""
 
-    model: str
+    model: str | None = None  # optional: this server serves one target model
     max_tokens: int | None = None
     temperature: float | None = None
     top_p: float | None = None
@@ -112,9 +115,6 @@ class GenerationFields(_Strict):
     def _max_token_fields(self) -> dict[str, int | None]:
         return {"max_tokens": self.max_tokens, "max_new_tokens": self.max_new_tokens}
 
-    def requested_max_tokens(self) -> int | None:
-        return self._max_tokens(None)
-
     def to_params(
         self,
         *,
@@ -122,7 +122,6 @@ class GenerationFields(_Strict):
         model_defaults: dict[str, Any] | None = None,
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
-        max_num_beams: int | None = None,
     ) -> GenerationParams:
         defaults = {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULTABLE}
         set_fields = self.model_fields_set
@@ -134,7 +133,7 @@ class GenerationFields(_Strict):
             return defaults.get(name, server_default)
 
         temperature = pick("temperature", 1.0)  # OpenAI's default: sample at temperature 1
-        if not 0 <= temperature <= 100:
+        if not 0 <= temperature <= 100:  # checked here: a greedy request's params carry temperature 1
             raise ParameterError(f"temperature must be in [0, 100], got {temperature}", param="temperature")
         explicit_sample = self.do_sample if "do_sample" in set_fields else None
         if explicit_sample is None:
@@ -143,9 +142,6 @@ class GenerationFields(_Strict):
             )
         else:
             do_sample = explicit_sample
-        if do_sample and temperature == 0:
-            raise ParameterError("temperature 0 means greedy decoding; it cannot be combined with do_sample=true",
-                                 param="temperature")  # fmt: skip
         if not do_sample:
             for name in WARPERS:
                 if name == "top_k" and self.penalty_alpha:  # contrastive search's candidate count
@@ -212,7 +208,7 @@ class GenerationFields(_Strict):
             generation_preset=self.generation_preset,
             custom_generate=self.custom_generate,
         )
-        validate(params, max_num_beams=max_num_beams)
+        validate(params)
         return params
 
     @property
@@ -239,6 +235,15 @@ class CompletionRequest(GenerationFields):
     suffix: str | None = None
     best_of: int | None = None
 
+    def params(self, model_defaults: dict[str, Any] | None = None) -> GenerationParams:
+        """OpenAI's defaults for completions: 16 tokens; ``logprobs`` with ``echo`` also scores the prompt."""
+        return self.to_params(
+            default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS,
+            model_defaults=model_defaults,
+            logprobs=self.logprobs,
+            prompt_logprobs=self.logprobs if self.echo and self.logprobs is not None else None,
+        )
+
     def prompts_or_error(self) -> list[str | list[int]]:
         if self.suffix is not None:
             raise ParameterError("suffix is not supported", param="suffix")
@@ -264,6 +269,13 @@ class ChatCompletionRequest(GenerationFields):
 
     def _max_token_fields(self) -> dict[str, int | None]:
         return {**super()._max_token_fields(), "max_completion_tokens": self.max_completion_tokens}
+
+    def params(self, model_defaults: dict[str, Any] | None, room: int) -> GenerationParams:
+        """Chat's default length is what the context has left after the prompt (``room``, at least 1:
+        a prompt that fills the context is then a context-length error naming ``messages``)."""
+        return self.to_params(
+            default_max_tokens=max(1, room), model_defaults=model_defaults, logprobs=self.logprobs_count()
+        )
 
     def messages_or_error(self) -> list[dict[str, str]]:
         if not self.messages:

@@ -1,4 +1,10 @@
-"""Engine outputs → OpenAI JSON: accumulated choices, logprobs in each endpoint's format, usage."""
+"""Engine outputs → OpenAI JSON: chunks and bodies of both endpoints, logprobs in each one's format, usage.
+
+One formatter per response (``CompletionFormat``, ``ChatFormat``) turns each engine output into
+SSE chunks as it arrives and the collected outputs into the final body, counting usage on the
+way. The choice index of a completion with several prompts is ``prompt_index * n + index``, as
+OpenAI numbers them.
+"""
 
 from __future__ import annotations
 
@@ -86,3 +92,148 @@ def chat_logprobs(entries: list[TokenLogprob]) -> dict:
             for e in entries
         ]
     }
+
+
+class _Format:
+    """What both endpoints share: ids, the chunk envelope, usage counting, per-choice extensions."""
+
+    object_name = ""
+    chunk_object = ""
+
+    def __init__(
+        self, request_id: str, model: str, n: int, *, return_token_ids: bool = False, include_usage: bool = False
+    ) -> None:
+        self.request_id, self.model, self.n = request_id, model, n
+        self.return_token_ids = return_token_ids
+        self.include_usage = include_usage
+        self.created = now()
+        self._prompt_tokens: dict[int, int] = {}  # per prompt index, as the stream reports them
+        self._completion_tokens = 0
+
+    def _count(self, prompt_index: int, output: RequestOutput) -> None:
+        self._prompt_tokens[prompt_index] = output.num_prompt_tokens
+        self._completion_tokens += sum(len(delta.token_ids) for delta in output.deltas)
+
+    def _chunk(self, choices: list[dict]) -> dict:
+        return {"id": self.request_id, "object": self.chunk_object, "created": self.created, "model": self.model,
+                "choices": choices, "usage": None}  # fmt: skip
+
+    def usage_chunk(self) -> dict:
+        return {**self._chunk([]), "usage": usage(sum(self._prompt_tokens.values()), self._completion_tokens)}
+
+    def _body(self, choices: list[dict], results: list[Collected]) -> dict:
+        prompt_tokens = sum(r.num_prompt_tokens for r in results)
+        completion_tokens = sum(len(c.token_ids) for r in results for c in r.choices.values())
+        return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
+                "choices": choices, "usage": usage(prompt_tokens, completion_tokens)}  # fmt: skip
+
+    def _extend(self, choice: dict, token_ids: list[int], sequence_score: float | None) -> dict:
+        """Serving extensions: ``return_token_ids``, and beam search's ``sequence_score``."""
+        if self.return_token_ids:
+            choice["token_ids"] = token_ids
+        if sequence_score is not None:
+            choice["sequence_score"] = sequence_score
+        return choice
+
+
+class CompletionFormat(_Format):
+    """``/v1/completions``: ``text`` choices, the legacy logprobs format, ``echo``."""
+
+    object_name = chunk_object = "text_completion"
+
+    def __init__(self, request_id: str, model: str, n: int, *, echo_texts: list[str] | None = None,
+                 logprobs: bool = False, **options: bool) -> None:  # fmt: skip
+        super().__init__(request_id, model, n, **options)
+        self.echo_texts = echo_texts  # each prompt's text, prepended to its choices when echo is on
+        self.logprobs = logprobs
+        self._echoed: set[tuple[int, int]] = set()
+
+    def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
+        self._count(prompt_index, output)
+        chunks = []
+        for delta in output.deltas:
+            text = delta.text
+            if self.echo_texts is not None and (prompt_index, delta.index) not in self._echoed:
+                self._echoed.add((prompt_index, delta.index))
+                text = self.echo_texts[prompt_index] + text
+            choice = {
+                "index": prompt_index * self.n + delta.index,
+                "text": text,
+                "logprobs": completion_logprobs(delta.logprobs, 0) if delta.logprobs is not None else None,
+                "finish_reason": delta.finish_reason.value if delta.finish_reason else None,
+            }
+            chunks.append(self._chunk([self._extend(choice, delta.token_ids, delta.sequence_score)]))
+        return chunks
+
+    def body(self, results: list[Collected]) -> dict:
+        choices = []
+        for prompt_index, collected in enumerate(results):
+            for index in range(self.n):
+                state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
+                entries = state.logprobs
+                text = state.text
+                if self.echo_texts is not None:
+                    entries = (collected.prompt_logprobs or []) + entries
+                    text = self.echo_texts[prompt_index] + text
+                choice = {
+                    "index": prompt_index * self.n + index,
+                    "text": text,
+                    "logprobs": completion_logprobs(entries, 0) if self.logprobs else None,
+                    "finish_reason": state.finish_reason,
+                }
+                choices.append(self._extend(choice, state.token_ids, state.sequence_score))
+        return self._body(choices, results)
+
+
+class ChatFormat(_Format):
+    """``/v1/chat/completions``: a role chunk, content chunks, a finish chunk per choice."""
+
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(self, request_id: str, model: str, n: int, *, logprobs: bool = False, **options: bool) -> None:
+        super().__init__(request_id, model, n, **options)
+        self.logprobs = logprobs
+        self._started: set[int] = set()
+
+    def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
+        self._count(prompt_index, output)
+        chunks = []
+        for delta in output.deltas:
+            if delta.index not in self._started:
+                self._started.add(delta.index)
+                first = {"index": delta.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                         "finish_reason": None}  # fmt: skip
+                chunks.append(self._chunk([first]))
+            if delta.text or delta.token_ids:
+                content: dict = {"content": delta.text}
+                if self.return_token_ids:
+                    content["token_ids"] = delta.token_ids
+                choice = {
+                    "index": delta.index,
+                    "delta": content,
+                    "logprobs": chat_logprobs(delta.logprobs) if delta.logprobs is not None else None,
+                    "finish_reason": None,
+                }
+                chunks.append(self._chunk([choice]))
+            if delta.finish_reason is not None:
+                final = {"index": delta.index, "delta": {}, "logprobs": None,
+                         "finish_reason": delta.finish_reason.value}  # fmt: skip
+                if delta.sequence_score is not None:
+                    final["sequence_score"] = delta.sequence_score
+                chunks.append(self._chunk([final]))
+        return chunks
+
+    def body(self, results: list[Collected]) -> dict:
+        (collected,) = results
+        choices = []
+        for index in range(self.n):
+            state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
+            choice = {
+                "index": index,
+                "message": {"role": "assistant", "content": state.text},
+                "logprobs": chat_logprobs(state.logprobs) if self.logprobs and index in collected.choices else None,
+                "finish_reason": state.finish_reason,
+            }
+            choices.append(self._extend(choice, state.token_ids, state.sequence_score))
+        return self._body(choices, results)

@@ -1,13 +1,19 @@
 """Server settings: the only module that reads environment variables.
 
-Precedence: command-line flag > ``DECODA_<NAME>`` environment variable > ``config/server.yaml``
-(or ``--config`` / ``DECODA_CONFIG``) > built-in default. One table drives all four, so a flag,
-its variable and its yaml key can never drift apart.
+Precedence: command-line flag > ``DECODA_<NAME>`` environment variable > the config file >
+built-in default. One table drives all four, so a flag, its variable and its yaml key can never
+drift apart.
+
+The config file is ``--config FILE`` or ``DECODA_CONFIG`` when given (then it must exist), else
+the first of: ``config/server.yaml`` in the working directory (the Docker image's ``/app``, or a
+checkout), the checkout's own ``config/server.yaml``, and the copy ``pip install .`` ships inside
+the package (``server/defaults/``, see pyproject.toml).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -17,7 +23,9 @@ import yaml
 
 from decoding import EngineConfig
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "config" / "server.yaml"
+CONFIG_NAME = "server.yaml"
+SOURCE_CONFIG = Path(__file__).resolve().parent.parent / "config" / CONFIG_NAME  # in a checkout
+PACKAGED_CONFIG = "server.defaults"  # config/ as installed package data (pyproject.toml)
 
 
 @dataclass
@@ -118,9 +126,41 @@ def _convert(kind: type, raw: Any, source: str) -> Any:
         raise ValueError(f"{source}: expected {kind.__name__}, got {raw!r}") from None
 
 
+def packaged_config() -> Path | None:
+    """The server.yaml installed with the package, if this is an installed copy."""
+    try:
+        spec = importlib.util.find_spec(PACKAGED_CONFIG)
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / CONFIG_NAME
+
+
+def default_config() -> Path | None:
+    """The defaults file when none is named: the working directory's, the checkout's, the installed one."""
+    for candidate in (Path.cwd() / "config" / CONFIG_NAME, SOURCE_CONFIG, packaged_config()):
+        if candidate is not None and candidate.is_file():
+            return candidate
+    return None
+
+
+def config_path(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Path | None:
+    """The YAML file ``load_settings`` reads (None: built-in defaults only); a named one must exist."""
+    environ = os.environ if environ is None else environ
+    named = (vars(args).get("config") if args is not None else None) or environ.get("DECODA_CONFIG")
+    if named:
+        if not Path(named).is_file():
+            raise ValueError(f"config file not found: {named}")
+        return Path(named)
+    return default_config()
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--config", default=None, help=f"YAML settings file (env DECODA_CONFIG; default {DEFAULT_CONFIG})"
+        "--config",
+        default=None,
+        help="YAML settings file (env DECODA_CONFIG; default ./config/server.yaml, else the one installed with Decoda)",
     )
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
@@ -136,15 +176,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Settings:
     environ = dict(os.environ if environ is None else environ)
     cli = vars(args) if args is not None else {}
-    config_path = cli.get("config") or environ.get("DECODA_CONFIG") or DEFAULT_CONFIG
+    path = config_path(args, environ)
     from_file: dict[str, Any] = {}
-    if Path(config_path).exists():
-        from_file = yaml.safe_load(Path(config_path).read_text()) or {}
+    if path is not None:
+        from_file = yaml.safe_load(path.read_text()) or {}
         unknown = set(from_file) - {f.name for f in fields(Settings)}
         if unknown:
-            raise ValueError(f"{config_path}: unknown settings {sorted(unknown)}")
-    elif cli.get("config") or environ.get("DECODA_CONFIG"):
-        raise ValueError(f"config file not found: {config_path}")
+            raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
     values: dict[str, Any] = {}
     for f in fields(Settings):
         kind = _kind(f)
@@ -157,5 +195,5 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
         elif env_name(f.name) in environ:
             values[f.name] = _convert(kind, environ[env_name(f.name)], env_name(f.name))
         elif f.name in from_file:
-            values[f.name] = _convert(kind, from_file[f.name], f"{config_path}:{f.name}")
+            values[f.name] = _convert(kind, from_file[f.name], f"{path}:{f.name}")
     return Settings(**values)

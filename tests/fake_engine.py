@@ -9,7 +9,7 @@ from decoding import (
     EngineClient,
     FinishReason,
     GenerationParams,
-    ParameterError,
+    ModelFacts,
     QueueFullError,
     RequestOutput,
     SequenceDelta,
@@ -24,37 +24,41 @@ WORDS = ["<eos>", "hello", "world", "foo", "bar", "baz", "the", "end"] + [f"w{i}
 class FakeEngineClient(EngineClient):
     """Generates ``WORDS[1], WORDS[2], ...`` (one word per step) for each choice."""
 
-    def __init__(self, *, delay: float = 0.0, fail: bool = False, queue_full: bool = False) -> None:
+    def __init__(
+        self, *, delay: float = 0.0, fail: bool = False, queue_full: bool = False, error_code: str = "internal"
+    ) -> None:
         self.delay = delay
         self.fail = fail
+        self.error_code = error_code  # what a failed request reports: "internal" or "unavailable"
         self.queue_full = queue_full
+        self.alive = True
         self.submitted: list[tuple[str, list[int], GenerationParams]] = []
         self.aborted: list[str] = []
         self.finished: list[str] = []
 
     model_name = "fake-model"  # type: ignore[assignment]
-    max_model_len = 64  # type: ignore[assignment]
-    vocab_size = len(WORDS)  # type: ignore[assignment]
+    facts = ModelFacts(vocab_size=len(WORDS), max_model_len=64, num_layers=4)  # type: ignore[assignment]
 
     def served_models(self) -> list[ServedModel]:
         return [ServedModel(self.model_name, "target", self.max_model_len)]
 
-    def is_ready(self) -> bool:
-        return True
+    def is_alive(self) -> bool:
+        return self.alive
 
-    def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    def is_ready(self) -> bool:
+        return self.alive
+
+    def _words(self, text: str) -> list[int]:
         return [WORDS.index(w) if w in WORDS else 3 for w in text.split()]
 
-    def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        return [t for m in messages for t in self.tokenize(m["content"])] + [6]
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._words(text)
 
-    def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        return [t for m in messages for t in self._words(m["content"])] + [6]
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return " ".join(WORDS[t] for t in token_ids)
-
-    def check_params(self, params: GenerationParams) -> None:
-        if params.assistant_model is not None:
-            raise ParameterError(f"unknown assistant_model '{params.assistant_model}'", param="assistant_model",
-                                 code="model_not_found")  # fmt: skip
 
     def generate(
         self, request_id: str, prompt_ids: list[int], params: GenerationParams
@@ -79,7 +83,8 @@ class FakeEngineClient(EngineClient):
                 await asyncio.sleep(self.delay)
                 if self.fail:
                     done = True
-                    yield RequestOutput(request_id, finished=True, error=f"request {request_id} failed: boom")
+                    error = f"request {request_id} failed: boom"
+                    yield RequestOutput(request_id, finished=True, error=error, error_code=self.error_code)
                     return
                 token = 1 + step % 7
                 last = step == params.max_new_tokens - 1

@@ -239,3 +239,49 @@ def test_unknown_route_is_openai_shaped_404():
 
     r = run(go())
     assert r.status_code == 404 and error_of(r)["code"] == "not_found"
+
+
+def test_a_server_side_abort_is_503_with_retry_after_never_a_200():
+    engine = FakeEngineClient(fail=True, error_code="unavailable")  # the worker stopped under the request
+    r = run(post(engine, "/v1/completions", {"model": MODEL, "prompt": "hi"}))
+    assert r.status_code == 503 and int(r.headers["retry-after"]) >= 1
+    assert error_of(r)["code"] == "unavailable" and error_of(r)["type"] == "service_unavailable"
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+    payloads = sse_payloads(run(post(engine, "/v1/chat/completions", body)).text)
+    assert payloads[-1] == "[DONE]" and payloads[-2]["error"]["code"] == "unavailable"
+    assert set(payloads[-2]["error"]) == {"message", "type", "param", "code"}
+
+
+def test_health_and_ready_are_503_once_the_worker_is_dead():
+    engine = FakeEngineClient()
+    engine.alive = False
+
+    async def go() -> tuple[int, int]:
+        async with client_for(engine) as http:
+            return (await http.get("/health")).status_code, (await http.get("/ready")).status_code
+
+    assert run(go()) == (503, 503)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+@pytest.mark.parametrize("stream", [False, True])
+def test_model_may_be_omitted_and_responses_name_the_served_model(path, stream):
+    body = {"prompt": "hi"} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "hi"}]}
+    r = run(post(FakeEngineClient(), path, {**body, "max_tokens": 2, "stream": stream}))
+    assert r.status_code == 200, r.text
+    chunks = [p for p in sse_payloads(r.text) if p != "[DONE]"] if stream else [r.json()]
+    assert chunks and all(c["model"] == MODEL for c in chunks)
+
+
+@pytest.mark.parametrize("field", ["generation_preset", "custom_generate"])
+def test_presets_and_custom_methods_are_a_clear_400_until_implemented(field):
+    r = run(post(FakeEngineClient(), "/v1/completions", {"model": MODEL, "prompt": "hi", field: "x"}))
+    assert r.status_code == 400 and error_of(r)["param"] == field and "not supported" in error_of(r)["message"]
+
+
+def test_chat_prompt_that_fills_the_context_names_messages():
+    content = "hello " * 64  # 64 words + the template's token: no room left for one generated token
+    body = {"model": MODEL, "messages": [{"role": "user", "content": content}]}
+    r = run(post(FakeEngineClient(), "/v1/chat/completions", body))
+    assert r.status_code == 400 and error_of(r)["param"] == "messages"
+    assert error_of(r)["code"] == "context_length_exceeded"

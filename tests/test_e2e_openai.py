@@ -286,3 +286,24 @@ def test_speculative_decoding_with_a_preloaded_assistant(smollm2):
         assert 'decoda_spec_draft_tokens_total{assistant="prompt_lookup"}' in metrics
     finally:
         assert stop_server(proc) == 0
+
+
+def test_sigterm_past_the_drain_deadline_ends_requests_with_503_not_a_cut_connection(smollm2):
+    base, proc = start_server("--drain-timeout", "1")
+    body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 1000, "ignore_eos": True,
+            "temperature": 0}  # fmt: skip
+    with ThreadPoolExecutor(1) as pool:
+        plain = pool.submit(httpx.post, f"{base}/v1/completions", json=body, timeout=60)
+        payloads = []
+        with httpx.stream("POST", f"{base}/v1/completions", json={**body, "stream": True}, timeout=60) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: ") and not payloads:
+                    proc.send_signal(signal.SIGTERM)  # mid-stream; neither request can finish in 1 s
+                if line.startswith("data: "):
+                    payloads.append(line[len("data: ") :])
+        assert payloads[-1] == "[DONE]"
+        assert json.loads(payloads[-2])["error"]["code"] == "unavailable"
+        rejected = plain.result()
+    assert rejected.status_code == 503 and rejected.json()["error"]["code"] == "unavailable"
+    assert int(rejected.headers["retry-after"]) >= 1
+    assert proc.wait(60) == 0

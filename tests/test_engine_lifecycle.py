@@ -95,3 +95,24 @@ def test_a_compiled_forward_gets_its_layout_beside_the_call(model, smollm2_token
     harness.add("r", prompt(5), GenerationParams(max_new_tokens=6))
     harness.run()
     assert harness.token_ids("r") == hf_greedy(model, prompt(5), 6)
+
+
+def test_gauges_follow_an_abort_with_no_step_after_it(model, smollm2_tokenizer):
+    """An aborted request frees its rows between steps; if the engine then goes idle, no step runs
+    to refresh the gauges, so the abort itself must (an autoscaler reads them)."""
+    from decoding.telemetry import EngineObserver
+
+    class Gauges(EngineObserver):
+        def on_step(self, num_rows: int, num_running: int, num_waiting: int, kv_usage: float) -> None:
+            self.last = (num_running, num_waiting, kv_usage)
+
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    gauges = harness.engine.ctx.observer = Gauges()
+    for i in range(4):
+        harness.add(f"r{i}", prompt(i), GenerationParams(max_new_tokens=50, ignore_eos=True))
+    with torch.inference_mode():
+        harness.engine.step()
+    assert gauges.last[0] == 4 and gauges.last[2] > 0
+    for i in range(4):
+        harness.engine.abort(f"r{i}")
+    assert gauges.last == (0, 0, 0.0)

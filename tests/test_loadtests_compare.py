@@ -1,0 +1,37 @@
+"""compare.py names no developer-machine path: llama.cpp's interpreter is a flag or a variable, or
+that server is skipped with a reason."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loadtests import compare
+
+
+def commands(monkeypatch, *flags: str) -> dict:
+    monkeypatch.setattr(compare, "converted_folder", lambda: None)  # no transformers serve view
+    args = compare.build_parser().parse_args(list(flags))
+    args.concurrency_list = [1]
+    return compare.server_commands(args, 8123)
+
+
+def test_llama_cpp_is_skipped_with_a_reason_when_no_interpreter_is_given(monkeypatch):
+    monkeypatch.delenv(compare.LLAMACPP_ENV, raising=False)
+    reason = commands(monkeypatch)[compare.LLAMACPP]
+    assert isinstance(reason, str) and reason.startswith("skipped")
+    assert "--llama-cpp-python" in reason and compare.LLAMACPP_ENV in reason
+    assert "/work/" not in Path(compare.__file__).read_text()
+
+
+def test_llama_cpp_interpreter_from_the_flag_or_the_environment(monkeypatch, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setattr(compare, "smollm2_gguf", lambda: tmp_path / "model.gguf")
+    monkeypatch.setenv(compare.LLAMACPP_ENV, str(python))
+    command, _ = commands(monkeypatch)[compare.LLAMACPP]
+    assert command[0] == str(python)
+    monkeypatch.delenv(compare.LLAMACPP_ENV)
+    command, _ = commands(monkeypatch, "--llama-cpp-python", str(python))[compare.LLAMACPP]
+    assert command[0] == str(python)
+    missing = commands(monkeypatch, "--llama-cpp-python", str(tmp_path / "nope"))[compare.LLAMACPP]
+    assert missing.startswith("skipped") and "does not exist" in missing
