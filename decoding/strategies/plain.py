@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from decoding.model_runner import RowInput
+from decoding.request import Row
 from decoding.strategies.base import DecodingStrategy, Fed, Pick
 
 
@@ -28,11 +29,13 @@ class PlainDecoding(DecodingStrategy):
 
     def consume(self, fed: list[Fed]) -> list[Pick]:
         live = [row for row in self.request.rows if not row.finished]
-        picks = []
-        for row, (row_input, logits) in zip(live, fed, strict=True):
-            row.num_cached += 1
-            picks.append(Pick(self, row, self.next_logits(logits, row_input)))
-        return picks
+        picks = [self.consume_row(row, row_input, logits) for row, (row_input, logits) in zip(live, fed, strict=True)]
+        return [pick for pick in picks if pick is not None]
+
+    def consume_row(self, row: Row, row_input: RowInput, logits: torch.Tensor) -> Pick | None:
+        """One row's share of the forward: its new token's K/V is in, its next token is a pick."""
+        row.num_cached += 1
+        return Pick(self, row, self.next_logits(logits, row_input))
 
     def next_logits(self, logits: torch.Tensor, row_input: RowInput) -> torch.Tensor:
         """The ``[vocab_size]`` logits the next token is picked from (``logits``: the row's

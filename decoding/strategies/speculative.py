@@ -28,7 +28,7 @@ from decoding.model_runner import RowInput
 from decoding.params import GenerationParams
 from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState
-from decoding.strategies.base import DraftJob, EngineContext, Fed, Pick
+from decoding.strategies.base import DraftJob, EngineContext, Pick
 from decoding.strategies.plain import PlainDecoding
 from decoding.strategies.universal import AssistantText
 
@@ -245,16 +245,11 @@ class SpeculativeDecoding(PlainDecoding):
             if not row.finished
         ]
 
-    def consume(self, fed: list[Fed]) -> list[Pick]:
-        live = [row for row in self.request.rows if not row.finished]
-        picks = []
-        for row, (_, logits) in zip(live, fed, strict=True):
-            if self.specs[row.index].drafts:
-                self._verify(row, logits)
-            else:
-                row.num_cached += 1
-                picks.append(Pick(self, row, logits[-1]))
-        return picks
+    def consume_row(self, row: Row, row_input: RowInput, logits: torch.Tensor) -> Pick | None:
+        if not self.specs[row.index].drafts:
+            return super().consume_row(row, row_input, logits)
+        self._verify(row, logits)
+        return None
 
     def _verify(self, row: Row, logits: torch.Tensor) -> None:
         spec = self.specs[row.index]
