@@ -16,8 +16,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from decoding import EngineClient
+from server.auth import ProtectMetrics, key_digests
 from server.errors import install_error_handlers
 from server.metrics import Metrics
 from server.routes import api, router
@@ -54,6 +56,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
         lifespan=lifespan,
     )
     app.state.settings = settings
+    app.state.api_key_digests = key_digests(settings.api_keys())
     app.state.metrics = metrics
     app.state.engine = engine_client
     app.state.owns_engine = engine_client is None  # an engine handed in (tests) is its owner's to stop
@@ -63,7 +66,52 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)
+    if settings.protect_metrics:
+        app.add_middleware(ProtectMetrics, digests=app.state.api_key_digests)
+    app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app
+
+
+class CountResponses:
+    """Pure ASGI middleware counting each response by route template and status
+    (``decoda_http_requests_total``). It only watches ``http.response.start`` and passes every
+    message straight on, so SSE streams are never buffered."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics, fastapi_app: FastAPI) -> None:
+        self.app = app
+        self.metrics = metrics
+        self.fastapi_app = fastapi_app
+        self.known_paths: frozenset[str] | None = None
+
+    def route_of(self, scope: Scope) -> str:
+        path = getattr(scope.get("route"), "path", None)  # set by FastAPI's router once a route matched
+        if path:
+            return path
+        # answered before routing (the /metrics guard's 401): a fixed path of the API's names itself;
+        # never any other raw path, so unknown URLs cannot grow the label set
+        if self.known_paths is None:
+            self.known_paths = frozenset(self.fastapi_app.openapi().get("paths", {}))
+        return scope["path"] if scope["path"] in self.known_paths else "unmatched"
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def counting_send(message: Message) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start" and not started:
+                started = True
+                self.metrics.on_response(self.route_of(scope), message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, counting_send)
+        except Exception:
+            if not started:  # the outer error middleware answers 500 after us
+                self.metrics.on_response(self.route_of(scope), 500)
+            raise
 
 
 def start_drain(app: FastAPI) -> asyncio.Task | None:

@@ -38,6 +38,8 @@ METRIC_DOCS = {
     "decoda_spec_acceptance_rate": "accepted / proposed draft tokens since start (gauge; assistant)",
     "decoda_spec_accepted_length": "draft tokens accepted per verification (histogram; assistant); "
     "its mean is the mean accepted length",
+    "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
+    "template such as /v1/completions, or unmatched; status: the code, such as 200 or 401)",
 }
 
 
@@ -93,6 +95,9 @@ class Metrics(EngineObserver):
             "decoda_spec_accepted_length", doc("decoda_spec_accepted_length"), ["assistant"],
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=r,
         )  # fmt: skip
+        self.http_requests = Counter(
+            "decoda_http_requests", doc("decoda_http_requests_total"), ["route", "status"], registry=r
+        )
         self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
@@ -127,6 +132,10 @@ class Metrics(EngineObserver):
         totals[0] += num_drafted
         totals[1] += num_accepted
         self.spec_rate.labels(proposer).set(totals[1] / totals[0] if totals[0] else 0.0)
+
+    # ---- HTTP (event loop) -------------------------------------------------------------------------
+    def on_response(self, route: str, status: int) -> None:
+        self.http_requests.labels(route, str(status)).inc()
 
     # ---- exposition ------------------------------------------------------------------------------
     def render(self) -> bytes:

@@ -59,9 +59,35 @@ class Settings:
     )
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
-    api_key: str | None = field(default=None, metadata={"help": "require 'Authorization: Bearer KEY' on /v1/*"})
+    api_key: str | None = field(
+        default=None,
+        metadata={
+            "help": "require 'Authorization: Bearer KEY' on /v1/* (repeatable; comma-separated in the "
+            "environment and yaml)"
+        },
+    )
+    api_keys_file: str | None = field(
+        default=None, metadata={"help": "file of accepted API keys, one per line ('#' comments, blank lines skipped)"}
+    )
+    protect_metrics: bool = field(
+        default=False, metadata={"help": "require an API key on /metrics too (/health and /ready stay open)"}
+    )
     drain_timeout: float = field(default=30.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"})
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+
+    def api_keys(self) -> list[str]:
+        """Every accepted key: ``api_key`` (comma-separated) and the lines of ``api_keys_file``. Empty: no auth.
+
+        A named keys file that cannot be read is a ValueError, like every other config error."""
+        keys = [k.strip() for k in (self.api_key or "").split(",")]
+        if self.api_keys_file:
+            path = Path(self.api_keys_file)
+            try:
+                text = path.read_text()
+            except OSError as exc:
+                raise ValueError(f"API keys file {path}: {exc.strerror or exc}") from None
+            keys += [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
+        return [k for k in dict.fromkeys(keys) if k]
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -94,6 +120,9 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
         name, sep, model = item.partition("=")
         out.append((name.strip(), model.strip()) if sep else (None, item))
     return out
+
+
+REPEATABLE = ("assistant_model", "api_key")  # flags given several times; comma-joined like env and yaml
 
 
 def env_name(name: str) -> str:
@@ -165,7 +194,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for f in fields(Settings):
         flag = "--" + f.name.replace("_", "-")
         help_text = f"{f.metadata.get('help', '')} [env {env_name(f.name)}; default {f.default}]"
-        if f.name == "assistant_model":
+        if f.name in REPEATABLE:
             parser.add_argument(flag, dest=f.name, default=None, action="append", help=help_text)
         elif _kind(f) is bool:
             parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
@@ -196,4 +225,8 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
             values[f.name] = _convert(kind, environ[env_name(f.name)], env_name(f.name))
         elif f.name in from_file:
             values[f.name] = _convert(kind, from_file[f.name], f"{path}:{f.name}")
-    return Settings(**values)
+    settings = Settings(**values)
+    keys = settings.api_keys()  # a named keys file that is missing or unreadable fails at startup
+    if settings.protect_metrics and not keys:
+        raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
+    return settings
