@@ -80,10 +80,8 @@ class Engine:
         self.ctx = EngineContext.for_model(
             model, self.pool, eos_token_ids, limits.max_model_len, self._token_text, observer or EngineObserver()
         )
-        self.vocab_size, self.num_layers = self.ctx.vocab_size, self.ctx.num_layers
         self.limits = limits
         self.emit = emit
-        self.device = device
         self.requests: dict[str, Request] = {}
 
     @property
