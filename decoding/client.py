@@ -12,6 +12,7 @@ threads at once, is only ever used by that one (the worker detokenizes with its 
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -24,6 +25,7 @@ from decoding.validation import ModelFacts
 from decoding.worker import Worker
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
 
 
 class WorkerEngineClient(EngineClient):
@@ -50,6 +52,9 @@ class WorkerEngineClient(EngineClient):
         # the model's generation_config.json values; requests override them, they override server defaults
         self.generation_defaults = dict(generation_defaults or {})
         self._draining = False
+        # requests handed out and not yet ended, counted here rather than in the worker: between
+        # taking a submit from its inbox and adding it to the engine, the worker holds it in neither
+        self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-tokenizer")
 
@@ -120,8 +125,9 @@ class WorkerEngineClient(EngineClient):
                 except RuntimeError:  # the event loop is closed: nobody is left to read it
                     pass
 
+            self._in_flight.add(request_id)
             self.worker.submit(request_id, list(prompt_ids), params, sink)
-        return OutputStream(request_id, outputs, self.worker.abort)
+        return OutputStream(request_id, outputs, self.worker.abort, on_end=self._in_flight.discard)
 
     async def abort(self, request_id: str) -> None:
         self.worker.abort(request_id)
@@ -131,11 +137,18 @@ class WorkerEngineClient(EngineClient):
 
         Requests still running at the deadline end with an "unavailable" error (HTTP 503).
         """
-        self._draining = True
+        with self._lock:
+            self._draining = True
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + drain_timeout
-        while self.worker.alive and self.worker.num_active and loop.time() < deadline:
+        started = loop.time()
+        deadline = started + drain_timeout
+        logger.info("draining: %d requests in flight, up to %.0f s", len(self._in_flight), drain_timeout)
+        while self.worker.alive and self._in_flight and loop.time() < deadline:
             await asyncio.sleep(0.05)
+        if self._in_flight:
+            logger.warning("drain deadline passed: %d requests end with a 503", len(self._in_flight))
+        else:
+            logger.info("drained in %.1f s", loop.time() - started)
         await asyncio.to_thread(self.worker.stop, 10.0)
         self._text_thread.shutdown(wait=False, cancel_futures=True)
 
@@ -148,10 +161,17 @@ class OutputStream:
     is suspended reading it (a generator's ``aclose`` would raise "already running").
     """
 
-    def __init__(self, request_id: str, outputs: asyncio.Queue[RequestOutput], abort: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        request_id: str,
+        outputs: asyncio.Queue[RequestOutput],
+        abort: Callable[[str], None],
+        on_end: Callable[[str], None] = lambda _: None,
+    ) -> None:
         self.request_id = request_id
         self._outputs = outputs
         self._abort = abort
+        self._on_end = on_end
         self._done = False
 
     def __aiter__(self) -> OutputStream:
@@ -165,15 +185,19 @@ class OutputStream:
         except BaseException:  # cancelled while waiting: the reader went away
             await self.aclose()
             raise
-        self._done = output.finished
+        if output.finished:
+            self._done = True
+            self._on_end(self.request_id)
         return output
 
     async def aclose(self) -> None:
-        if not self._done:
-            self._done = True
-            self._abort(self.request_id)
+        self._end_early()
 
     def __del__(self) -> None:  # dropped unread: free its rows all the same
+        self._end_early()
+
+    def _end_early(self) -> None:
         if not self._done:
             self._done = True
             self._abort(self.request_id)
+            self._on_end(self.request_id)

@@ -19,8 +19,10 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from decoding import EngineClient
+from server.access_log import AccessLog
 from server.auth import ProtectMetrics, key_digests
 from server.errors import install_error_handlers
+from server.limits import RequestLimits
 from server.metrics import Metrics
 from server.routes import api, router
 from server.settings import Settings
@@ -66,8 +68,12 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)
+    # add_middleware wraps what is there: the last added is the outermost
     if settings.protect_metrics:
         app.add_middleware(ProtectMetrics, digests=app.state.api_key_digests)
+    app.add_middleware(RequestLimits, max_request_bytes=settings.max_request_bytes,
+                       max_concurrency_per_key=settings.max_concurrency_per_key)  # fmt: skip
+    app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app
 

@@ -9,6 +9,7 @@ import signal
 import sys
 from types import FrameType
 
+from server.access_log import configure_logging
 from server.settings import add_arguments, config_path, load_settings
 
 logger = logging.getLogger(__name__)
@@ -36,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
     except ValueError as exc:
         print(f"decoda: {exc}", file=sys.stderr)
         sys.exit(2)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     logger.info("settings file: %s", config_path(args) or "none (built-in defaults)")
     import uvicorn
 
@@ -58,6 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         host=settings.host,
         port=settings.port,
         log_level=settings.log_level,
+        log_config=None,  # uvicorn's records go to our root handler (text or JSON)
+        access_log=False,  # server.access_log writes one line per request, with its request id
         # past the app's own deadline, so requests still running end with a 503, not a cut connection
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + DRAIN_MARGIN,
     )

@@ -130,9 +130,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
-        kind = "not_found" if exc.status_code == 404 else "http_error"
+        kind = {404: "not_found", 413: "request_too_large"}.get(exc.status_code, "http_error")
         return APIError(exc.status_code, str(exc.detail), code=kind, headers=exc.headers).response()
 
     @app.exception_handler(Exception)
-    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
-        return from_exception(exc).response()
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        return from_exception(exc, getattr(request.state, "request_id", None)).response()

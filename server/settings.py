@@ -73,7 +73,17 @@ class Settings:
         default=False, metadata={"help": "require an API key on /metrics too (/health and /ready stay open)"}
     )
     drain_timeout: float = field(default=30.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"})
+    max_request_bytes: int = field(
+        default=4 * 1024 * 1024, metadata={"help": "larger /v1/* request bodies get 413 (0: no limit)"}
+    )
+    max_concurrency_per_key: int = field(
+        default=0,
+        metadata={"help": "open /v1/* requests per API key (all callers together without keys); more get 429 (0: off)"},
+    )
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
+    log_format: str = field(
+        default="text", metadata={"help": "text | json (one JSON object per line, access logs included)"}
+    )
 
     def api_keys(self) -> list[str]:
         """Every accepted key: ``api_key`` (comma-separated) and the lines of ``api_keys_file``. Empty: no auth.
@@ -123,6 +133,7 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
 
 
 REPEATABLE = ("assistant_model", "api_key")  # flags given several times; comma-joined like env and yaml
+LOG_FORMATS = ("text", "json")
 
 
 def env_name(name: str) -> str:
@@ -226,6 +237,11 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
         elif f.name in from_file:
             values[f.name] = _convert(kind, from_file[f.name], f"{path}:{f.name}")
     settings = Settings(**values)
+    if settings.log_format not in LOG_FORMATS:
+        raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {settings.log_format!r}")
+    for name in ("max_request_bytes", "max_concurrency_per_key"):
+        if getattr(settings, name) < 0:
+            raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
     keys = settings.api_keys()  # a named keys file that is missing or unreadable fails at startup
     if settings.protect_metrics and not keys:
         raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")

@@ -1,0 +1,92 @@
+"""Per-request limits enforced before a handler runs: body size (413) and concurrency per API key (429).
+
+Both are pure ASGI so that a stream is held, and counted, until its last byte is sent, and so
+that an oversized body is refused from its ``Content-Length`` before any of it is read. A body
+sent without a length (chunked) is counted as it arrives; the read that crosses the limit raises
+a ``HTTPException`` subclass, which FastAPI passes through its body parser to the error handler.
+
+The concurrency limit counts what one key has open on ``/v1/*`` (streams until they end). With
+API keys configured that is per key; without, every caller shares the anonymous key, so the limit
+is a server-wide cap. Excess requests are answered at once with 429 and ``Retry-After``, never
+queued: the engine's own queue (``--max-queue``) is the place where work waits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import Counter
+
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from server.errors import APIError
+
+API_PREFIX = "/v1/"
+RETRY_CONCURRENCY = "1"  # seconds: a slot frees as soon as one of the key's own requests ends
+
+
+class RequestTooLarge(HTTPException):
+    def __init__(self, limit: int) -> None:
+        super().__init__(413, f"request body exceeds {limit} bytes (--max-request-bytes)")
+
+
+def too_large(limit: int) -> APIError:
+    return APIError(413, f"request body exceeds {limit} bytes (--max-request-bytes)", code="request_too_large")
+
+
+def _header(scope: Scope, name: bytes) -> str | None:
+    return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
+
+
+def caller_key(scope: Scope) -> str:
+    """Who a request counts against: a digest of its bearer token (never the key itself), or anonymous."""
+    scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return "anonymous"
+    return hashlib.sha256(token.strip().encode("latin-1", errors="replace")).hexdigest()
+
+
+class RequestLimits:
+    """413 for bodies over ``max_request_bytes``; 429 past ``max_concurrency_per_key`` (0: no limit)."""
+
+    def __init__(self, app: ASGIApp, max_request_bytes: int, max_concurrency_per_key: int) -> None:
+        self.app = app
+        self.max_request_bytes = max_request_bytes
+        self.max_concurrency_per_key = max_concurrency_per_key
+        self.open: Counter[str] = Counter()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_request_bytes
+        length = _header(scope, b"content-length")
+        if limit and length is not None and length.isdigit() and int(length) > limit:
+            await too_large(limit).response()(scope, receive, send)
+            return
+        key = caller_key(scope)
+        if self.max_concurrency_per_key and self.open[key] >= self.max_concurrency_per_key:
+            error = APIError(429, f"too many concurrent requests for this API key (limit "
+                             f"{self.max_concurrency_per_key}, --max-concurrency-per-key); retry when one ends",
+                             type_="rate_limit_error", code="concurrency_limit",
+                             headers={"Retry-After": RETRY_CONCURRENCY})  # fmt: skip
+            await error.response()(scope, receive, send)
+            return
+        received = 0
+
+        async def counted_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request" and limit:
+                received += len(message.get("body", b""))
+                if received > limit:
+                    raise RequestTooLarge(limit)
+            return message
+
+        self.open[key] += 1
+        try:
+            await self.app(scope, counted_receive, send)
+        finally:
+            self.open[key] -= 1
+            if not self.open[key]:
+                del self.open[key]
