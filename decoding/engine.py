@@ -23,6 +23,7 @@ from decoding.outputs import RequestOutput
 from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
 from decoding.request import Request
 from decoding.sampling import BatchSampler
+from decoding.sampling.batch import NonFiniteScores
 from decoding.scheduler import Scheduler
 from decoding.strategies import EngineContext, Pick, make_strategy
 from decoding.strategies.drafting import Drafter, make_assistant
@@ -209,7 +210,30 @@ class Engine:
         except Exception:
             logger.exception("batched sampling failed; retrying request by request")
             self.sampler.forget()
-            return self._sample_isolating(picks)
+            self._sample_isolating(picks)
+            return
+        self._accept(picks, tokens, logits)
+
+    def _sample_isolating(self, picks: list[Pick]) -> None:
+        """Each request's rows alone, so one whose knobs break sampling fails by itself."""
+        by_request: dict[int, list[Pick]] = {}
+        for pick in picks:
+            by_request.setdefault(id(pick.strategy), []).append(pick)
+        for mine in by_request.values():
+            logits = torch.stack([pick.logits for pick in mine])
+            try:
+                tokens = self.sampler.pick([pick.row.sampling for pick in mine], logits)
+            except Exception as exc:
+                request = mine[0].strategy.request
+                logger.warning("request %s failed while sampling: %s", request.request_id, exc)
+                code = "invalid_request" if isinstance(exc, NonFiniteScores) else "internal"
+                self._fail(request, f"sampling failed: {exc}", code=code)
+                continue
+            finally:
+                self.sampler.forget()
+            self._accept(mine, tokens, logits)
+
+    def _accept(self, picks: list[Pick], tokens: list[int], logits: torch.Tensor) -> None:
         now = time.monotonic()
         for pick, token, row_logits in zip(picks, tokens, logits, strict=True):
             request = pick.strategy.request
@@ -220,19 +244,6 @@ class Engine:
             except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
                 logger.exception("request %s failed", request.request_id)
                 self._fail(request, str(exc))
-
-    def _sample_isolating(self, picks: list[Pick]) -> None:
-        by_request: dict[int, list[Pick]] = {}
-        for pick in picks:
-            by_request.setdefault(id(pick.strategy), []).append(pick)
-        for mine in by_request.values():
-            try:
-                self._sample(mine)
-            except Exception as exc:
-                logger.exception("request %s failed while sampling", mine[0].strategy.request.request_id)
-                self._fail(mine[0].strategy.request, f"sampling failed: {exc}")
-            finally:
-                self.sampler.forget()
 
     # ---- streaming and the end -----------------------------------------------------------------------
     def _report(self, requests: Iterable[Request]) -> None:

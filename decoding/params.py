@@ -87,6 +87,10 @@ class GenerationParams:
     skip_special_tokens: bool = True
     generation_preset: str | None = None
     custom_generate: str | None = None
+    # --- [knobs] more GenerationConfig knobs (issue 11) ---
+    # --- [watermark] watermarking (issue 11) ---
+    # --- [guidance] classifier-free guidance (issue 11) ---
+    # --- [custom] custom decoding methods (issue 11) ---
 
     @property
     def strategy(self) -> Strategy:
@@ -129,79 +133,127 @@ def _check(ok: bool, param: str, message: str) -> None:
         raise ParameterError(message, param=param)
 
 
-def _in_range(
-    params: GenerationParams, name: str, low: float, high: float, *, low_open: bool = False, high_open: bool = False
-) -> None:
-    value = getattr(params, name)
+@dataclass(frozen=True)
+class Bounds:
+    """The values a numeric knob admits; ``validate`` enforces them and ``/openapi.json`` states them."""
+
+    low: float | None = None
+    high: float | None = None
+    low_open: bool = False
+    high_open: bool = False
+
+    def admits(self, value: float) -> bool:
+        above = self.low is None or (value > self.low if self.low_open else value >= self.low)
+        below = self.high is None or (value < self.high if self.high_open else value <= self.high)
+        return above and below
+
+    def describe(self) -> str:
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {self.low:g}"
+        left, right = ("(" if self.low_open else "["), (")" if self.high_open else "]")
+        return f"in {left}{self.low:g}, {self.high:g}{right}"
+
+    def json_schema(self) -> dict[str, float]:
+        """JSON Schema (OpenAPI 3.1) keywords for these bounds."""
+        out: dict[str, float] = {}
+        if self.low is not None:
+            out["exclusiveMinimum" if self.low_open else "minimum"] = self.low
+        if self.high is not None:
+            out["exclusiveMaximum" if self.high_open else "maximum"] = self.high
+        return out
+
+
+MAX_N = 128
+# request fields by their API names (OpenAI's where they differ from HF's): what validate() admits
+BOUNDS: dict[str, Bounds] = {
+    "max_tokens": Bounds(1),
+    "min_tokens": Bounds(0),
+    "temperature": Bounds(0, 100),
+    "top_p": Bounds(0, 1, low_open=True),
+    "top_k": Bounds(0),
+    "min_p": Bounds(0, 1),
+    "typical_p": Bounds(0, 1, low_open=True),
+    "epsilon_cutoff": Bounds(0, 1, high_open=True),
+    "eta_cutoff": Bounds(0, 1, high_open=True),
+    "repetition_penalty": Bounds(0, low_open=True),
+    "presence_penalty": Bounds(-2, 2),
+    "frequency_penalty": Bounds(-2, 2),
+    "no_repeat_ngram_size": Bounds(0),
+    "n": Bounds(1, MAX_N),
+    "logprobs": Bounds(0, 20),
+    "max_time": Bounds(0, low_open=True),
+    "logit_bias": Bounds(-100, 100),  # each value
+    # HF takes any float; past +-50 a long beam's length ** length_penalty leaves a double's range
+    # (65536 ** 64 overflows, 65536 ** -64 underflows to 0), and sensible values are within +-5
+    "length_penalty": Bounds(-50, 50),
+    "num_beams": Bounds(1),
+    "num_beam_groups": Bounds(1),
+    "penalty_alpha": Bounds(0, 1),
+    "prompt_lookup_num_tokens": Bounds(1),
+    "assistant_early_exit": Bounds(1),
+    "num_assistant_tokens": Bounds(1),
+    "max_matching_ngram_size": Bounds(1),
+    "assistant_confidence_threshold": Bounds(0, 1),
+}
+
+
+# checked as they are; the others under their HF name or inside a strategy's checks
+SIMPLE_BOUNDED = ("top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+                  "presence_penalty", "frequency_penalty", "no_repeat_ngram_size", "n", "logprobs", "max_time",
+                  "length_penalty")
+
+
+def _in_range(params: GenerationParams, name: str, value: float | None = None, shown: str | None = None) -> None:
+    value = getattr(params, name) if value is None else value
     if value is None:
         return
-    above = value > low if low_open else value >= low
-    below = value < high if high_open else value <= high
-    left, right = ("(" if low_open else "["), (")" if high_open else "]")
-    _check(above and below, name, f"{name} must be in {left}{low:g}, {high:g}{right}, got {value}")
+    _check(BOUNDS[name].admits(value), name, f"{shown or name} must be {BOUNDS[name].describe()}, got {value}")
 
 
-def validate(params: GenerationParams, *, max_n: int = 128) -> None:
+def validate(params: GenerationParams) -> None:
     """Complete validation of one request's knobs, once, before it reaches the worker.
 
     Messages name the field, the allowed range and the value. Incompatible combinations are
     errors: nothing a user sets is silently ignored. What also depends on the served model (its
     vocabulary, layers, context, the server's batch) is ``decoding.validation.check_against_model``.
     """
-    _check(params.max_new_tokens >= 1, "max_tokens", f"max_tokens must be at least 1, got {params.max_new_tokens}")
-    _check(params.min_new_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {params.min_new_tokens}")
+    _in_range(params, "max_tokens", params.max_new_tokens)
+    _in_range(params, "min_tokens", params.min_new_tokens)
     _check(
         params.min_new_tokens <= params.max_new_tokens,
         "min_tokens",
         f"min_tokens ({params.min_new_tokens}) must not exceed max_tokens ({params.max_new_tokens})",
     )
-    _in_range(params, "temperature", 0, 100)
+    _in_range(params, "temperature")
     _check(
         not (params.do_sample and params.temperature == 0),
         "temperature",
         "temperature 0 means greedy decoding; it cannot be combined with do_sample=true",
     )
-    _in_range(params, "top_p", 0, 1, low_open=True)
-    _check(params.top_k is None or params.top_k >= 0, "top_k", f"top_k must be >= 0, got {params.top_k}")
-    _in_range(params, "min_p", 0, 1)
-    _in_range(params, "typical_p", 0, 1, low_open=True)
-    _in_range(params, "epsilon_cutoff", 0, 1, high_open=True)
-    _in_range(params, "eta_cutoff", 0, 1, high_open=True)
-    _check(
-        params.repetition_penalty > 0,
-        "repetition_penalty",
-        f"repetition_penalty must be > 0, got {params.repetition_penalty}",
-    )
-    _in_range(params, "presence_penalty", -2, 2)
-    _in_range(params, "frequency_penalty", -2, 2)
-    _check(
-        params.no_repeat_ngram_size >= 0,
-        "no_repeat_ngram_size",
-        f"no_repeat_ngram_size must be >= 0, got {params.no_repeat_ngram_size}",
-    )
-    _check(1 <= params.n <= max_n, "n", f"n must be in [1, {max_n}], got {params.n}")
-    if params.logprobs is not None:
-        _in_range(params, "logprobs", 0, 20)
-    if params.max_time is not None:
-        _check(params.max_time > 0, "max_time", f"max_time must be > 0, got {params.max_time}")
+    for name in SIMPLE_BOUNDED:
+        _in_range(params, name)
     for token, bias in (params.logit_bias or {}).items():
-        _check(-100 <= bias <= 100, "logit_bias", f"logit_bias values must be in [-100, 100], got {bias} for {token}")
+        _in_range(params, "logit_bias", bias, shown=f"logit_bias[{token}]")
     for words in params.bad_words_ids or []:
         _check(bool(words), "bad_words_ids", "bad_words_ids must not contain an empty list")
     _check(all(s for s in params.stop), "stop", "stop strings must not be empty")
     _validate_beams(params)
     _validate_special_strategies(params)
-    for name in ("generation_preset", "custom_generate"):  # named presets and custom methods: a later issue
-        if getattr(params, name) is not None:
-            raise ParameterError(f"{name} is not supported by this server yet", param=name, code="unsupported")
+    # [knobs] checks
+    # [watermark] checks
+    # [guidance] checks
+    if params.generation_preset is not None:  # [presets] resolved in server/protocol.py before this
+        raise ParameterError("generation_preset is not supported by this server yet", param="generation_preset",
+                             code="unsupported")  # fmt: skip
+    if params.custom_generate is not None:  # [custom]
+        raise ParameterError("custom_generate is not supported by this server yet", param="custom_generate",
+                             code="unsupported")  # fmt: skip
 
 
 def _validate_beams(params: GenerationParams) -> None:
     """The server's own cap on num_beams (--max-num-beams) is in ``decoding.validation``."""
-    _check(params.num_beams >= 1, "num_beams", f"num_beams must be >= 1, got {params.num_beams}")
-    _check(
-        params.num_beam_groups >= 1, "num_beam_groups", f"num_beam_groups must be >= 1, got {params.num_beam_groups}"
-    )
+    _in_range(params, "num_beams")
+    _in_range(params, "num_beam_groups")
     _check(
         params.num_beams % params.num_beam_groups == 0,
         "num_beam_groups",
@@ -232,7 +284,7 @@ def _validate_beams(params: GenerationParams) -> None:
 
 
 def _validate_special_strategies(params: GenerationParams) -> None:
-    _in_range(params, "penalty_alpha", 0, 1)
+    _in_range(params, "penalty_alpha")
     if params.penalty_alpha and resolve_strategy(params) not in (Strategy.CONTRASTIVE, Strategy.ASSISTED):
         _check(
             params.dola_layers is not None,  # that combination has its own message below
@@ -262,15 +314,14 @@ def _validate_special_strategies(params: GenerationParams) -> None:
         _check(params.penalty_alpha is None, "penalty_alpha", "assisted decoding cannot be combined with penalty_alpha")
         _check(dola is None, "dola_layers", "assisted decoding cannot be combined with dola_layers")
     for name in ("prompt_lookup_num_tokens", "assistant_early_exit", "num_assistant_tokens", "max_matching_ngram_size"):
-        value = getattr(params, name)
-        _check(value is None or value >= 1, name, f"{name} must be >= 1, got {value}")
+        _in_range(params, name)
     schedule = params.num_assistant_tokens_schedule
     _check(
         schedule in (None, "constant", "heuristic", "heuristic_transient"),
         "num_assistant_tokens_schedule",
         f"num_assistant_tokens_schedule must be constant, heuristic or heuristic_transient, got {schedule!r}",
     )
-    _in_range(params, "assistant_confidence_threshold", 0, 1)
+    _in_range(params, "assistant_confidence_threshold")
     model_drafts = params.assistant_model is not None or params.assistant_early_exit is not None
     for name in ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"):
         _check(

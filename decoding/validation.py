@@ -40,6 +40,9 @@ def check_against_model(
     error names, as OpenAI does.
     """
     for ids in prompts:
+        if not ids:  # e.g. text the tokenizer drops whole ("\r" for a word-level one): nothing to continue
+            raise ParameterError(f"the {prompt_param} has no tokens once tokenized", param=prompt_param,
+                                 code="empty_prompt")  # fmt: skip
         _check_ids(ids, facts.vocab_size, prompt_param, prompt=True)
     _check_ids((t for words in params.bad_words_ids or [] for t in words), facts.vocab_size, "bad_words_ids")
     _check_ids(params.suppress_tokens or [], facts.vocab_size, "suppress_tokens")

@@ -67,10 +67,13 @@ def unavailable(message: str, code: str = "unavailable") -> APIError:
 
 
 def from_output(output: RequestOutput) -> APIError:
-    """The error a failed engine output stands for: 503 when the server stopped under it, else a 500."""
+    """The error a failed engine output stands for: 503 when the server stopped under it, 400 when the
+    request's own knobs broke it, else a 500."""
     message = output.error or f"request {output.request_id} failed"
     if output.error_code == "unavailable":
         return unavailable(message)
+    if output.error_code == "invalid_request":
+        return APIError(400, message, code="invalid_request")
     return APIError(500, message, type_="server_error", code="internal")
 
 
@@ -91,6 +94,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
         return APIError(400, f"malformed JSON body: {first.get('msg')}", code="invalid_json")
     if kind == "extra_forbidden":
         return APIError(400, f"Unrecognized request argument supplied: {field}", param=field, code="unknown_field")
+    if kind == "missing" and field is None:
+        return APIError(400, "the request body is missing: send a JSON object", code="invalid_json")
     if kind == "missing":
         return APIError(400, f"missing required field: {field}", param=field, code="missing_field")
     if field is None and kind in ("model_attributes_type", "dict_type"):

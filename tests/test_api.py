@@ -252,6 +252,13 @@ def test_a_server_side_abort_is_503_with_retry_after_never_a_200():
     assert set(payloads[-2]["error"]) == {"message", "type", "param", "code"}
 
 
+def test_a_request_its_own_knobs_broke_is_a_400():
+    engine = FakeEngineClient(fail=True, error_code="invalid_request")  # e.g. scores overflowed to inf
+    r = run(post(engine, "/v1/completions", {"model": MODEL, "prompt": "hi"}))
+    assert r.status_code == 400 and error_of(r)["code"] == "invalid_request"
+    assert error_of(r)["type"] == "invalid_request_error"
+
+
 def test_health_and_ready_are_503_once_the_worker_is_dead():
     engine = FakeEngineClient()
     engine.alive = False

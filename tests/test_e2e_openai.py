@@ -28,16 +28,19 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(*flags: str) -> tuple[str, subprocess.Popen]:
+def start_server(*flags: str, log: Path | None = None) -> tuple[str, subprocess.Popen]:
+    """``decoda serve`` on a free port. Its output is a pipe read at the end, or the file ``log``
+    for a server that answers thousands of requests (a full pipe would block its access log)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    out = subprocess.PIPE if log is None else log.open("w")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise AssertionError(f"server exited early:\n{proc.stdout.read()}")
+            raise AssertionError(f"server exited early:\n{proc.stdout.read() if log is None else log.read_text()}")
         try:
             if httpx.get(f"{base}/ready", timeout=1).status_code == 200:
                 return base, proc

@@ -60,6 +60,27 @@ def test_a_request_that_raises_fails_alone(model, smollm2_tokenizer, monkeypatch
     assert harness.engine.pool.num_free == harness.engine.pool.num_slots
 
 
+@pytest.mark.parametrize("alone", [True, False])
+def test_knobs_that_overflow_the_scores_fail_their_request_as_invalid_and_spare_the_rest(
+    model, smollm2_tokenizer, alone, caplog
+):
+    """A repetition_penalty of 5e-324 divides the scores into inf (found by schemathesis): that
+    request fails at once with code invalid_request (HTTP 400), alone or in a batch, once (this
+    used to recurse until Python's recursion limit, logging a traceback at every level)."""
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    tiny = GenerationParams(max_new_tokens=6, do_sample=True, repetition_penalty=5e-324, seed=1)
+    harness.add("overflow", prompt(1), tiny)
+    if not alone:
+        harness.add("fine", prompt(2), GenerationParams(max_new_tokens=6, do_sample=True, seed=2, ignore_eos=True))
+    harness.run()
+    (last,) = [o for o in harness.outputs["overflow"] if o.finished]
+    assert last.error_code == "invalid_request" and "inf or nan" in last.error
+    assert len([r for r in caplog.records if "failed while sampling" in r.getMessage()]) == 1
+    if not alone:
+        assert len(harness.token_ids("fine")) == 6 and harness.outputs["fine"][-1].error is None
+    assert harness.engine.pool.num_free == harness.engine.pool.num_slots
+
+
 def test_a_broken_batched_forward_is_retried_request_by_request(model, smollm2_tokenizer, monkeypatch):
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.add("good", prompt(1), GenerationParams(max_new_tokens=6, ignore_eos=True))

@@ -30,6 +30,7 @@ FACTS = ModelFacts(vocab_size=100, max_model_len=64, num_layers=4, max_num_seqs=
         ({"n": 9, "do_sample": True}, [1], "n", "invalid_parameter"),
         ({"assistant_model": "other"}, [1], "assistant_model", "model_not_found"),
         ({"max_new_tokens": 60}, [1] * 5, "prompt", "context_length_exceeded"),
+        ({}, [], "prompt", "empty_prompt"),  # found by schemathesis: text that tokenizes to nothing
     ],
 )
 def test_each_model_check_names_its_field(knobs, prompt, param, code):

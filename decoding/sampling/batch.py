@@ -98,6 +98,9 @@ class SamplingBatch:
             for x in (self.repetition, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p)
             + (self.epsilon, self.eta, self.bias, self.suppress)
         ) or bool(self.presence_frequency or self.history_rows)
+        # [knobs] needs_processing
+        # [watermark] needs_processing
+        # [guidance] needs_processing
 
     @classmethod
     def from_rows(
@@ -115,6 +118,8 @@ class SamplingBatch:
         if not self.needs_processing and diversity_penalty is None:
             return logits
         scores = logits.clone()
+        # [guidance] classifier-free guidance mixes in the unconditional logits here (HF: first)
+        # [knobs] sequence_bias (HF: right after guidance)
         if self.bias is not None:
             rows, tokens, values = self.bias
             scores.index_put_((rows, tokens), values.to(scores.dtype), accumulate=True)
@@ -127,8 +132,11 @@ class SamplingBatch:
             scores[self._pf_index] -= self._frequency[:, None] * counts + self._presence[:, None] * (counts > 0)
         if self.history_rows:
             self._history_bans(scores)
+        # [knobs] forced_bos/forced_eos, exponential_decay_length_penalty (HF: before suppress_tokens)
         if self.suppress is not None:
             scores[self.suppress] = NEG_INF
+        # [knobs] begin_suppress_tokens (HF: right after suppress_tokens)
+        # [watermark] WatermarkLogitsProcessor (HF: after the processors, before the warpers)
         for knob, op in (
             (self.temperature, _temperature),
             (self.top_k, _top_k),
@@ -140,6 +148,7 @@ class SamplingBatch:
         ):
             if knob is not None:
                 scores[knob.rows] = op(scores[knob.rows], knob.values, self.min_tokens_to_keep)
+        # [knobs] renormalize_logits (HF: LogitNormalization, last)
         return scores
 
     @staticmethod
@@ -178,9 +187,22 @@ class SamplingBatch:
         if self.sample_rows:
             probs = torch.softmax(scores[self.sample_rows], dim=-1)  # [num_sample_rows, vocab_size]
             for j, i in enumerate(self.sample_rows):
-                draw = torch.multinomial(probs[j : j + 1], num_samples=1, generator=self.rows[i].generator)
+                try:
+                    draw = torch.multinomial(probs[j : j + 1], num_samples=1, generator=self.rows[i].generator)
+                except RuntimeError:
+                    if bool(torch.isfinite(probs[j]).all()):
+                        raise
+                    raise NonFiniteScores(
+                        "the request's knobs turned the model's scores into inf or nan "
+                        f"(e.g. a repetition_penalty or temperature so small it overflows), row {i}"
+                    ) from None
                 tokens[i] = int(draw)
         return tokens
+
+
+class NonFiniteScores(ValueError):
+    """Sampling met inf/nan probabilities: finite model logits get there only through a request's
+    own knobs, so the request fails as a bad request (400), not a server error."""
 
 
 # ---- warpers (HF's math, per-row parameters as [n, 1] tensors) -----------------------------------------
