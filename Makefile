@@ -24,8 +24,9 @@ setup: $(STAMP)
 serve: setup
 	$(VENV)/bin/decoda serve $(ARGS)
 
+# -rs lists each skipped test and why (no chromium, no promtool, ...)
 test: setup
-	$(VENV)/bin/pytest -q $(ARGS)
+	$(VENV)/bin/pytest -q -rs $(ARGS)
 
 lint: setup
 	$(VENV)/bin/ruff check server decoding tests loadtests

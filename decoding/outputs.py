@@ -57,9 +57,13 @@ class RequestOutput:
     deltas: list[SequenceDelta] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_generated_tokens: int = 0  # over all choices, so far
+    # speculative decoding, over all choices so far: draft tokens proposed, and those the target kept
+    num_draft_tokens: int = 0
+    num_accepted_draft_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None  # only on the first output, when asked
     finished: bool = False  # True on the last output of the request
     error: str | None = None  # set when the request failed inside the worker
-    # why it failed: "internal" (a bug, HTTP 500) or "unavailable" (the server stopped or is
-    # draining past its deadline, HTTP 503: the client may retry elsewhere)
+    # why it failed: "internal" (a bug, HTTP 500), "unavailable" (the server stopped or is
+    # draining past its deadline, HTTP 503: the client may retry elsewhere) or "invalid_request"
+    # (the request's own knobs broke it, e.g. scores overflowing to inf: HTTP 400)
     error_code: str = "internal"

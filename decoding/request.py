@@ -41,6 +41,8 @@ class Row:
     reported_finish: bool = False
     last_token_time: float | None = None
     sequence_score: float | None = None  # beam search: the final (length-penalised) score
+    num_draft_tokens: int = 0  # speculative decoding: drafts the target verified for this row
+    num_accepted_draft_tokens: int = 0  # ... and those it kept (the row's acceptance rate)
 
     @property
     def finished(self) -> bool:
@@ -143,6 +145,8 @@ class Request:
             deltas=deltas,
             num_prompt_tokens=len(self.prompt_ids),
             num_generated_tokens=self.num_generated,
+            num_draft_tokens=sum(row.num_draft_tokens for row in self.rows),
+            num_accepted_draft_tokens=sum(row.num_accepted_draft_tokens for row in self.rows),
         )
         if self.prompt_logprobs is not None and self.prefill_done and not self.prompt_logprobs_sent:
             output.prompt_logprobs = self.prompt_logprobs

@@ -24,6 +24,8 @@ from server.auth import ProtectMetrics, key_digests
 from server.errors import install_error_handlers
 from server.limits import RequestLimits
 from server.metrics import Metrics
+from server.openapi import install_openapi
+from server.playground import playground_router
 from server.routes import api, router
 from server.settings import Settings
 from server.streaming import close_remaining_streams, drain_streams_on_shutdown
@@ -68,6 +70,12 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)
+    # [watermark] router
+    # [presets] router
+    # [custom] router
+    install_openapi(app)
+    if settings.playground:  # the page at / (server/static/); --no-playground serves the API only
+        app.include_router(playground_router())
     # add_middleware wraps what is there: the last added is the outermost
     if settings.protect_metrics:
         app.add_middleware(ProtectMetrics, digests=app.state.api_key_digests)

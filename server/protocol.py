@@ -103,6 +103,10 @@ class GenerationFields(_Strict):
     ignore_eos: bool = False
     return_token_ids: bool = False
     skip_special_tokens: bool = True
+    # [knobs] more GenerationConfig fields (issue 11)
+    # [watermark] fields
+    # [guidance] fields
+    # [custom] fields
 
     # ---- translation ---------------------------------------------------------------------------------
     def _max_tokens(self, default: int | None) -> int | None:
@@ -207,6 +211,10 @@ class GenerationFields(_Strict):
             skip_special_tokens=self.skip_special_tokens,
             generation_preset=self.generation_preset,
             custom_generate=self.custom_generate,
+            # [knobs] arguments
+            # [watermark] arguments
+            # [guidance] arguments
+            # [custom] arguments
         )
         validate(params)
         return params

@@ -80,6 +80,12 @@ class Settings:
         default=0,
         metadata={"help": "open /v1/* requests per API key (all callers together without keys); more get 429 (0: off)"},
     )
+    playground: bool = field(
+        default=True, metadata={"help": "serve the playground page at / (--no-playground: the API only)"}
+    )
+    # [watermark] settings
+    # [presets] settings
+    # [custom] settings
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(
         default="text", metadata={"help": "text | json (one JSON object per line, access logs included)"}

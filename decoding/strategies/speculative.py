@@ -122,7 +122,7 @@ class DraftLength:
 
 @dataclass
 class Speculation:
-    """A row's speculative state: the proposer, the draft length, what was fed, the counts."""
+    """A row's speculative state: the proposer, the draft length, what was fed (counts live on the Row)."""
 
     proposer: str  # PROMPT_LOOKUP, EARLY_EXIT, or an assistant model's name
     length: DraftLength
@@ -136,8 +136,6 @@ class Speculation:
     assistant_cached: int = 0  # tokens of the history whose K/V the assistant holds
     assistant_ids: list[int] = field(default_factory=list)  # through-text assistants: their own ids
     text: AssistantText | None = None  # through-text assistants: the target's text as their ids
-    num_drafted: int = 0
-    num_accepted: int = 0
     draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
     draft_probs: list = field(default_factory=list)  # sampled drafts: q per draft, [vocab_size] each
 
@@ -212,8 +210,6 @@ def verify_drafts(
         if finished or i == len(drafts) or token != drafts[i]:
             break
         accepted += 1
-    spec.num_drafted += len(drafts)
-    spec.num_accepted += accepted
     return accepted, emitted
 
 
@@ -258,6 +254,8 @@ class SpeculativeDecoding(PlainDecoding):
         now = time.monotonic()
         accepted, _ = verify_drafts(row.sampling, spec, logits, lambda token, raw: self.commit(row, token, raw, now))
         row.num_cached = start + 1 + accepted  # rejected drafts: a length change, no copy
+        row.num_draft_tokens += num_drafts  # reported per request (usage.completion_tokens_details)
+        row.num_accepted_draft_tokens += accepted
         spec.rollback(len(row.sampling.history) - 1)
         step_seconds = self.ctx.step_seconds
         spec.length.update(num_drafts, accepted, spec.draft_seconds / step_seconds if step_seconds else 0.0)

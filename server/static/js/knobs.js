@@ -1,0 +1,123 @@
+// What the strategy picker offers: every decoding strategy and its knobs, by their HF names.
+//
+// The page never validates a knob itself: it sends what the user typed and shows the server's
+// 400 message next to the field the error's `param` names (server/protocol.py and
+// decoding/params.py are the single source of truth). So a field here only says how to render
+// and convert a value, never which values are allowed.
+//
+// Kinds: "number" (text box; a blank box is not sent, text that is not a number is sent as typed
+// so the server names the problem), "select" (options as [value, label]), "bool" (checkbox),
+// "text" (sent as a string), "layers" (dola_layers: "low", "high" or a list of indices),
+// "assistant" (assistant_model: the assistants /v1/models lists), "preset" (generation_preset:
+// the names /v1/presets lists).
+
+export const FIELDS = {
+  max_tokens: { kind: "number", value: "200", help: "tokens to generate at most" },
+  do_sample: { kind: "bool", value: false, help: "sample (else greedy); shows the sampling knobs" },
+  temperature: { kind: "number", value: "0.7", help: "> 0; 0 with do_sample is a 400" },
+  top_k: { kind: "number", value: "", placeholder: "off", help: "keep the k most likely tokens" },
+  top_p: { kind: "number", value: "", placeholder: "1.0", help: "nucleus: smallest set with mass p" },
+  min_p: { kind: "number", value: "", placeholder: "off", help: "drop tokens below min_p x the top one" },
+  typical_p: { kind: "number", value: "", placeholder: "1.0", help: "locally typical sampling" },
+  seed: { kind: "number", value: "", placeholder: "random", help: "same seed, same draw" },
+  repetition_penalty: { kind: "number", value: "", placeholder: "1.0", help: "> 1 discourages repeats" },
+  no_repeat_ngram_size: { kind: "number", value: "", placeholder: "0", help: "never repeat an n-gram" },
+  presence_penalty: { kind: "number", value: "", placeholder: "0", help: "OpenAI's, in [-2, 2]" },
+  frequency_penalty: { kind: "number", value: "", placeholder: "0", help: "OpenAI's, in [-2, 2]" },
+  stop: { kind: "text", value: "", placeholder: "none", help: "a stop string" },
+  num_beams: { kind: "number", value: "4", help: "beams kept per step" },
+  num_beam_groups: { kind: "number", value: "2", help: "groups of num_beams / groups beams" },
+  diversity_penalty: { kind: "number", value: "0.5", help: "penalty on tokens other groups chose" },
+  length_penalty: { kind: "number", value: "", placeholder: "1.0", help: "> 0 favours longer beams" },
+  early_stopping: {
+    kind: "select",
+    value: "",
+    options: [["", "default (false)"], ["true", "true"], ["false", "false"], ["never", "never"]],
+    help: "when a beam search ends",
+  },
+  num_return_sequences: { kind: "number", value: "", placeholder: "1", help: "best beams returned" },
+  penalty_alpha: { kind: "number", value: "0.6", help: "degeneration penalty, in [0, 1]" },
+  contrastive_top_k: { name: "top_k", kind: "number", value: "4", help: "candidates per step (at most 32)" },
+  dola_layers: { kind: "layers", value: "high", help: '"high", "low" or layer indices: 0,2,4' },
+  prompt_lookup_num_tokens: { kind: "number", value: "10", help: "draft tokens copied from the context" },
+  max_matching_ngram_size: { kind: "number", value: "", placeholder: "2", help: "n-gram matched in the context" },
+  assistant_model: { kind: "assistant", value: "", help: "a draft model the server preloaded" },
+  assistant_early_exit: { kind: "number", value: "8", help: "draft with the first k layers" },
+  num_assistant_tokens: { kind: "number", value: "", placeholder: "5", help: "drafts per round" },
+  num_assistant_tokens_schedule: {
+    kind: "select",
+    value: "",
+    options: [["", "default (heuristic)"], ["heuristic", "heuristic"], ["constant", "constant"],
+      ["heuristic_transient", "heuristic_transient"]],
+    help: "how the draft length adapts",
+  },
+  assistant_confidence_threshold: { kind: "number", value: "", placeholder: "off", help: "stop drafting below it" },
+  generation_preset: { kind: "preset", value: "", help: "a named generation config" },
+};
+
+const SAMPLING = ["temperature", "top_k", "top_p", "min_p", "typical_p", "seed"];
+const BEAM_ENDS = ["length_penalty", "early_stopping", "num_return_sequences"];
+const DRAFTING = ["num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold"];
+
+// `fixed`: sent as is (the strategy's switch); `fields`: its knobs; `sampled`: a do_sample
+// checkbox that adds the sampling knobs; `beam`: asks for logprobs, which is what makes the
+// server return each beam's `sequence_score`; `speculative`: the acceptance rate applies.
+export const STRATEGIES = [
+  { id: "greedy", label: "Greedy", fixed: { do_sample: false }, fields: [] },
+  { id: "sample", label: "Sampling", fixed: { do_sample: true }, fields: SAMPLING },
+  { id: "beam", label: "Beam search", fixed: { do_sample: false }, fields: ["num_beams", ...BEAM_ENDS], beam: true },
+  {
+    id: "beam_sample", label: "Beam sampling", fixed: { do_sample: true },
+    fields: ["num_beams", ...SAMPLING, ...BEAM_ENDS], beam: true,
+  },
+  {
+    id: "group_beam", label: "Diverse beam search", fixed: { do_sample: false },
+    fields: ["num_beams", "num_beam_groups", "diversity_penalty", ...BEAM_ENDS], beam: true,
+  },
+  {
+    id: "contrastive", label: "Contrastive search", fixed: { do_sample: false },
+    fields: ["penalty_alpha", "contrastive_top_k"],
+  },
+  { id: "dola", label: "DoLa", fields: ["dola_layers"], sampled: true },
+  {
+    id: "prompt_lookup", label: "Prompt lookup", fields: ["prompt_lookup_num_tokens", "max_matching_ngram_size"],
+    sampled: true, speculative: true,
+  },
+  {
+    id: "assistant", label: "Assistant model", fields: ["assistant_model", ...DRAFTING],
+    sampled: true, speculative: true,
+  },
+  {
+    id: "early_exit", label: "Early exit (self-speculative)", fields: ["assistant_early_exit", ...DRAFTING],
+    sampled: true, speculative: true,
+  },
+];
+
+export const SAMPLING_FIELDS = SAMPLING;
+
+// Knobs every strategy shares, shown under each pane's strategy knobs.
+export const COMMON_GROUPS = [
+  {
+    id: "penalties", title: "Penalties and stop",
+    fields: ["repetition_penalty", "no_repeat_ngram_size", "presence_penalty", "frequency_penalty", "stop"],
+  },
+];
+
+// Groups that exist only when the server offers them (`open`: unfolded at first): `requires` is a
+// path that the server's /openapi.json must list (probed once at load, so an absent feature costs
+// no failed request) and that must then answer 200. This is where later features plug in as plain field groups:
+// watermarking (`watermarking_config`, whose output z-score comes from /v1/watermark/detect)
+// and classifier-free guidance (`guidance_scale` and its negative prompt) belong here, with
+// their fields added to FIELDS above, once the server accepts them.
+export const OPTIONAL_GROUPS = [
+  { id: "preset", title: "Preset", requires: "/v1/presets", fields: ["generation_preset"], open: true },
+];
+
+export function strategyById(id) {
+  return STRATEGIES.find((s) => s.id === id) || STRATEGIES[0];
+}
+
+// The request field a FIELDS entry sends (contrastive_top_k sends top_k).
+export function paramName(key) {
+  return FIELDS[key].name || key;
+}

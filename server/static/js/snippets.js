@@ -1,0 +1,76 @@
+// "Copy as curl" and "copy as openai-python": the exact request a pane would send, as code.
+//
+// The openai client takes OpenAI's own fields as keyword arguments and everything else (the
+// GenerationConfig knobs by their HF names, Decoda's extensions) through `extra_body`, so the
+// snippet splits the body the same way. An API key is never pasted into a snippet: it reads
+// DECODA_API_KEY from the environment instead.
+
+// chat.completions.create's own keyword arguments (openai-python).
+const OPENAI_ARGS = new Set([
+  "model", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p", "n", "stop", "seed", "stream",
+  "stream_options", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "top_logprobs", "user",
+]);
+
+function shellQuote(text) {
+  return `'${text.replaceAll("'", "'\\''")}'`;
+}
+
+export function curlSnippet(body, { origin, withKey }) {
+  const lines = [`curl -N ${origin}/v1/chat/completions`, "-H 'Content-Type: application/json'"];
+  if (withKey) lines.push('-H "Authorization: Bearer $DECODA_API_KEY"');
+  lines.push(`-d ${shellQuote(JSON.stringify(body, null, 2))}`);
+  return lines.join(" \\\n  ");
+}
+
+// A JSON value as a Python literal (JSON strings are valid Python string literals).
+function py(value, indent) {
+  const pad = "    ".repeat(indent);
+  const inner = "    ".repeat(indent + 1);
+  if (value === null || value === undefined) return "None";
+  if (value === true) return "True";
+  if (value === false) return "False";
+  if (typeof value === "number" || typeof value === "string") return JSON.stringify(value);
+  if (Array.isArray(value)) {
+    if (!value.length) return "[]";
+    if (value.every((v) => typeof v !== "object" || v === null)) return `[${value.map((v) => py(v, 0)).join(", ")}]`;
+    return `[\n${value.map((v) => inner + py(v, indent + 1)).join(",\n")},\n${pad}]`;
+  }
+  const entries = Object.entries(value);
+  if (!entries.length) return "{}";
+  const flat = entries.map(([k, v]) => `${JSON.stringify(k)}: ${py(v, indent + 1)}`);
+  const oneLine = `{${flat.join(", ")}}`;
+  if (oneLine.length + pad.length <= 100 && !oneLine.includes("\n")) return oneLine;
+  return `{\n${flat.map((line) => inner + line).join(",\n")},\n${pad}}`;
+}
+
+export function pythonSnippet(body, { origin, withKey }) {
+  const args = [];
+  const extra = {};
+  for (const [key, value] of Object.entries(body)) {
+    if (OPENAI_ARGS.has(key)) args.push(`    ${key}=${py(value, 1)},`);
+    else extra[key] = value;
+  }
+  if (Object.keys(extra).length) {
+    args.push(`    extra_body=${py(extra, 1)},  # GenerationConfig knobs by their HF names`);
+  }
+  const key = withKey ? 'os.environ["DECODA_API_KEY"]' : '"unused"';
+  const several = (body.n || 1) > 1 || (body.num_return_sequences || 1) > 1;
+  const print = several
+    ? ["    for choice in chunk.choices:", "        if choice.index == 0:  # the first choice of several",
+      '            print(choice.delta.content or "", end="", flush=True)']
+    : ["    if chunk.choices:", '        print(chunk.choices[0].delta.content or "", end="", flush=True)'];
+  return [
+    ...(withKey ? ["import os", ""] : []),
+    "from openai import OpenAI",
+    "",
+    `client = OpenAI(base_url="${origin}/v1", api_key=${key})`,
+    "stream = client.chat.completions.create(",
+    ...args,
+    ")",
+    "for chunk in stream:",
+    ...print,
+    "    if chunk.usage:",
+    '        print(f"\\n\\n{chunk.usage.completion_tokens} tokens")',
+    "",
+  ].join("\n");
+}
