@@ -22,3 +22,5 @@ class EngineConfig:
     cache_dir: str | None = None  # where converted models are kept; None: ~/.cache/decoda
     assistant_models: list[tuple[str | None, str]] = field(default_factory=list)  # (name or None, model)
     default_assistant: str | None = None
+    custom_generate: list[tuple[str, str]] = field(default_factory=list)  # (name, path) of methods
+    trust_remote_code: bool = False  # allows loading custom_generate code

@@ -15,7 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding import prefill
+from decoding import picking, prefill
+from decoding.custom_job import CustomJobs
+from decoding.custom_loading import LoadedMethod
 from decoding.detokenizer import token_text
 from decoding.kv_cache import KVPool
 from decoding.model_runner import ModelRunner, RowInput
@@ -23,7 +25,6 @@ from decoding.outputs import RequestOutput
 from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
 from decoding.request import Request
 from decoding.sampling import BatchSampler
-from decoding.sampling.batch import NonFiniteScores
 from decoding.scheduler import Scheduler
 from decoding.strategies import EngineContext, Pick, make_strategy
 from decoding.strategies.drafting import Drafter, make_assistant
@@ -60,6 +61,7 @@ class Engine:
         device: torch.device,
         observer: EngineObserver | None = None,
         assistants: dict[str, object] | None = None,
+        custom_methods: dict[str, LoadedMethod] | None = None,
     ) -> None:
         """``assistants``: name -> a model sharing the target's tokenizer, or a
         ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
@@ -84,6 +86,9 @@ class Engine:
         self.limits = limits
         self.emit = emit
         self.requests: dict[str, Request] = {}
+        # custom_generate requests: exclusive jobs run between steps (decoding/custom_job.py)
+        self.custom = CustomJobs(model, tokenizer, eos_token_ids, device, lambda out: self.emit(out),
+                                 lambda: self.observer, limits.request_timeout, custom_methods)  # fmt: skip
 
     @property
     def observer(self) -> EngineObserver:
@@ -91,6 +96,9 @@ class Engine:
 
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
+        if params.custom_generate is not None:
+            self.custom.add(request_id, prompt_ids, params)
+            return
         request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
         request.strategy = make_strategy(request, self.ctx)
         self.requests[request_id] = request
@@ -101,17 +109,20 @@ class Engine:
         request = self.requests.get(request_id)
         if request is not None:
             self._retire(request, error=None, code="internal")
+        self.custom.abort(request_id)  # a queued custom job, and the flag Worker.abort raised
 
     def fail_all(self, message: str, code: str = "internal") -> None:
         """End every request with an error (``code`` "unavailable": the server is stopping)."""
         for request in list(self.requests.values()):
             self._fail(request, message, code)
+        self.custom.fail_all(message, code)
 
     def has_work(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self.custom.has_work()
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> None:
+        self.custom.run_next()  # an exclusive custom_generate job, if one waits; the batch resumes after it
         now = time.monotonic()
         self._expire(now)
         for request in self.scheduler.admit():
@@ -202,48 +213,7 @@ class Engine:
 
     def _sample(self, picks: list[Pick]) -> None:
         """Pick every plain row's next token in one batched pass, then hand each to its strategy."""
-        if not picks:
-            return
-        logits = torch.stack([pick.logits for pick in picks])  # [num_picks, vocab_size]
-        try:
-            tokens = self.sampler.pick([pick.row.sampling for pick in picks], logits)
-        except Exception:
-            logger.exception("batched sampling failed; retrying request by request")
-            self.sampler.forget()
-            self._sample_isolating(picks)
-            return
-        self._accept(picks, tokens, logits)
-
-    def _sample_isolating(self, picks: list[Pick]) -> None:
-        """Each request's rows alone, so one whose knobs break sampling fails by itself."""
-        by_request: dict[int, list[Pick]] = {}
-        for pick in picks:
-            by_request.setdefault(id(pick.strategy), []).append(pick)
-        for mine in by_request.values():
-            logits = torch.stack([pick.logits for pick in mine])
-            try:
-                tokens = self.sampler.pick([pick.row.sampling for pick in mine], logits)
-            except Exception as exc:
-                request = mine[0].strategy.request
-                logger.warning("request %s failed while sampling: %s", request.request_id, exc)
-                code = "invalid_request" if isinstance(exc, NonFiniteScores) else "internal"
-                self._fail(request, f"sampling failed: {exc}", code=code)
-                continue
-            finally:
-                self.sampler.forget()
-            self._accept(mine, tokens, logits)
-
-    def _accept(self, picks: list[Pick], tokens: list[int], logits: torch.Tensor) -> None:
-        now = time.monotonic()
-        for pick, token, row_logits in zip(picks, tokens, logits, strict=True):
-            request = pick.strategy.request
-            if request.error is not None:
-                continue
-            try:
-                pick.strategy.accept(pick.row, token, row_logits, now)
-            except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
-                logger.exception("request %s failed", request.request_id)
-                self._fail(request, str(exc))
+        picking.sample(self.sampler, picks, self._fail)
 
     # ---- streaming and the end -----------------------------------------------------------------------
     def _report(self, requests: Iterable[Request]) -> None:

@@ -20,6 +20,7 @@ from decoding.attention import register_attention
 from decoding.client import WorkerEngineClient
 from decoding.client_api import ServedModel
 from decoding.config import EngineConfig
+from decoding.custom_loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine import Engine, EngineLimits
 from decoding.loading import LoadedModel, load_model
 from decoding.telemetry import EngineObserver
@@ -56,6 +57,7 @@ class _Built:
     loaded: LoadedModel
     max_model_len: int
     assistants: dict[str, LoadedModel]
+    custom_methods: dict[str, LoadedMethod]
 
 
 def start_engine_client(config: EngineConfig, observer: EngineObserver | None = None) -> WorkerEngineClient:
@@ -68,6 +70,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_num_seqs=config.max_num_seqs,
         max_num_beams=config.max_num_beams,
         assistants=tuple(built.assistants),
+        custom_methods=tuple(method.info for method in built.custom_methods.values()),
+        bos_token_id=loaded.model.config.bos_token_id,  # HF's detector reads the model config's
     )
     return WorkerEngineClient(
         worker,
@@ -87,6 +91,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
     device = torch.device(config.device)
+    preflight(config.custom_generate, config.trust_remote_code)  # before the (slow) model load
     loaded = load_model(
         config.model,
         dtype=config.dtype,
@@ -98,6 +103,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     prepare_forward(model, compile=config.compile)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
     assistants = load_assistants(config, loaded)
+    custom_methods = load_custom_methods(config.custom_generate, config.trust_remote_code, model)
     limits = EngineLimits(
         max_model_len=max_model_len,
         max_num_seqs=config.max_num_seqs,
@@ -119,6 +125,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
             else (assistant.model, copy.deepcopy(assistant.tokenizer), set(assistant.eos_token_ids))
             for name, assistant in assistants.items()
         },
+        custom_methods=custom_methods,
     )
     logger.info(
         "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
@@ -127,7 +134,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         config.max_num_seqs,
         engine.pool.nbytes() / 2**20,
     )
-    return engine, _Built(loaded, max_model_len, assistants)
+    return engine, _Built(loaded, max_model_len, assistants, custom_methods)
 
 
 def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, LoadedModel]:

@@ -25,6 +25,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig, PreTrainedTokenizerBase
 
+from decoding.model_defaults import log_generation_defaults, split_generation_defaults
 from decoding.model_registry import (
     PACKAGED_MODELS,
     ModelPackageMissing,
@@ -67,7 +68,7 @@ class LoadedModel:
     tokenizer: PreTrainedTokenizerBase
     served_name: str  # short name, folder or file name, or hub id
     eos_token_ids: list[int]  # from generation_config.json / config / tokenizer, deduplicated
-    generation_defaults: dict[str, Any]  # generation_config.json values that differ from HF defaults
+    generation_defaults: dict[str, Any]  # generation_config.json knobs used as request defaults (model_defaults)
     max_position_embeddings: int
     has_chat_template: bool
 
@@ -282,7 +283,9 @@ def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) 
     config = model.config.get_text_config()
     generation_config = model.generation_config
     eos_token_ids = _unique_ids(generation_config.eos_token_id, config.eos_token_id, tokenizer.eos_token_id)
-    defaults = {k: v for k, v in generation_config.to_diff_dict().items() if k not in _NOT_DEFAULTS}
+    values = {k: v for k, v in generation_config.to_diff_dict().items() if k not in _NOT_DEFAULTS}
+    defaults, ignored = split_generation_defaults(values)  # every key sorted, the unused ones with a reason
+    log_generation_defaults(served_name, defaults, ignored)
     max_positions = getattr(config, "max_position_embeddings", None)
     if not isinstance(max_positions, int):
         raise ModelLoadError(f"model {served_name!r} has no max_position_embeddings in its config")

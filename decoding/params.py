@@ -11,6 +11,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from decoding.watermark_config import WatermarkingConfig
 
 
 class Strategy(str, Enum):
@@ -87,10 +91,26 @@ class GenerationParams:
     skip_special_tokens: bool = True
     generation_preset: str | None = None
     custom_generate: str | None = None
-    # --- [knobs] more GenerationConfig knobs (issue 11) ---
-    # --- [watermark] watermarking (issue 11) ---
-    # --- [guidance] classifier-free guidance (issue 11) ---
-    # --- [custom] custom decoding methods (issue 11) ---
+    # --- more GenerationConfig knobs (issue 11) ---
+    stop_strings: list[str] | None = None  # HF StopStringCriteria: the text is kept (OpenAI's stop trims)
+    sequence_bias: list[tuple[list[int], float]] | None = None  # [[token_ids, bias], ...] as HF serialises it
+    exponential_decay_length_penalty: tuple[int, float] | None = None  # (start_index, decay_factor)
+    begin_suppress_tokens: list[int] | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | list[int] | None = None
+    renormalize_logits: bool = False
+    max_length: int | None = None  # prompt + generated; server/ keeps it only when max_new_tokens is not given
+    min_length: int = 0  # prompt + generated; server/ keeps it only when min_new_tokens is not given
+    token_healing: bool = False
+    # --- watermarking (issue 11) ---
+    watermarking_config: WatermarkingConfig | None = None  # HF's (decoding/watermark_config.py)
+    # --- classifier-free guidance (issue 11) ---
+    guidance_scale: float | None = None  # HF: CFG is on when set and not 1 (strategies/guidance.py)
+    negative_prompt_ids: list[int] | None = None  # the unconditional branch's prompt (default: prompt's last token)
+    negative_prompt: str | None = None  # text the server tokenizes into negative_prompt_ids before submitting
+    # --- custom decoding methods (issue 11) ---
+    # a request's extra fields, the method's keyword arguments (server/protocol.py collects them)
+    custom_generate_args: dict[str, object] | None = None
 
     @property
     def strategy(self) -> Strategy:
@@ -194,6 +214,7 @@ BOUNDS: dict[str, Bounds] = {
     "num_assistant_tokens": Bounds(1),
     "max_matching_ngram_size": Bounds(1),
     "assistant_confidence_threshold": Bounds(0, 1),
+    "guidance_scale": Bounds(0, 100, low_open=True),  # HF takes any float; useful ones are ~1-10
 }
 
 
@@ -220,7 +241,7 @@ def validate(params: GenerationParams) -> None:
     _in_range(params, "max_tokens", params.max_new_tokens)
     _in_range(params, "min_tokens", params.min_new_tokens)
     _check(
-        params.min_new_tokens <= params.max_new_tokens,
+        params.min_new_tokens <= params.max_new_tokens or params.max_length is not None,  # that: below
         "min_tokens",
         f"min_tokens ({params.min_new_tokens}) must not exceed max_tokens ({params.max_new_tokens})",
     )
@@ -239,15 +260,15 @@ def validate(params: GenerationParams) -> None:
     _check(all(s for s in params.stop), "stop", "stop strings must not be empty")
     _validate_beams(params)
     _validate_special_strategies(params)
-    # [knobs] checks
-    # [watermark] checks
-    # [guidance] checks
-    if params.generation_preset is not None:  # [presets] resolved in server/protocol.py before this
-        raise ParameterError("generation_preset is not supported by this server yet", param="generation_preset",
-                             code="unsupported")  # fmt: skip
-    if params.custom_generate is not None:  # [custom]
-        raise ParameterError("custom_generate is not supported by this server yet", param="custom_generate",
-                             code="unsupported")  # fmt: skip
+    from decoding.generation_knobs import validate_knobs  # late: that module imports this one
+
+    validate_knobs(params)
+    if params.watermarking_config is not None:
+        params.watermarking_config.validate()
+    _validate_guidance(params)
+    from decoding.custom_methods import validate_custom  # (imports this module)
+
+    validate_custom(params)
 
 
 def _validate_beams(params: GenerationParams) -> None:
@@ -334,3 +355,42 @@ def _validate_special_strategies(params: GenerationParams) -> None:
         "max_matching_ngram_size",
         "max_matching_ngram_size applies to prompt lookup (prompt_lookup_num_tokens)",
     )
+
+
+def guidance_active(params: GenerationParams) -> bool:
+    """HF adds its CFG processor only for a guidance_scale other than 1 (at 1 it is the identity)."""
+    return params.guidance_scale is not None and params.guidance_scale != 1
+
+
+def _validate_guidance(params: GenerationParams) -> None:
+    """Classifier-free guidance: its scale, its negative prompt, the strategies it rides on."""
+    _in_range(params, "guidance_scale")
+    _check(
+        params.negative_prompt is None or params.negative_prompt_ids is None,
+        "negative_prompt",
+        "give negative_prompt (text) or negative_prompt_ids (token ids), not both",
+    )
+    for name in ("negative_prompt", "negative_prompt_ids"):
+        value = getattr(params, name)
+        if value is None:
+            continue
+        _check(len(value) > 0, name, f"{name} must not be empty")
+        _check(
+            guidance_active(params),
+            name,
+            f"{name} is the unconditional prompt of classifier-free guidance: it needs guidance_scale other than 1, "
+            f"got {params.guidance_scale}",
+        )
+    if guidance_active(params):
+        _check(
+            params.custom_generate is None,
+            "guidance_scale",
+            "guidance_scale cannot be combined with custom_generate (the method decodes by itself)",
+        )
+        strategy = resolve_strategy(params)
+        _check(
+            strategy in (Strategy.GREEDY, Strategy.SAMPLE),
+            "guidance_scale",
+            f"guidance_scale (classifier-free guidance) combines with greedy search and sampling only, "
+            f"not with {strategy.value} decoding",
+        )

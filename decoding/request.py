@@ -12,9 +12,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from decoding.generation_knobs import new_token_limit
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from decoding.params import GenerationParams
 from decoding.sampling import RowSamplingState, make_generator
+from decoding.stop_strings import StopStrings
 from decoding.stopping import StopChecker
 from decoding.streamer import DeltaStreamer
 
@@ -60,6 +62,9 @@ class Row:
             self.streamer.put([token])
             if self.streamer.stop_reason is not None:
                 finish = (FinishReason.STOP, self.streamer.stop_reason)
+        if finish is None and self.stop.stop_strings is not None:  # HF's: the text stays in the output
+            hf_stop = self.stop.hf_stop_string_in(self.sampling.history)
+            finish = None if hf_stop is None else (FinishReason.STOP, hf_stop)
         if finish is None and self.stop.length_reached(len(self.output_ids)):
             finish = (FinishReason.LENGTH, None)
         if finish is not None:
@@ -118,18 +123,20 @@ class Request:
     ) -> Request:
         """A request with its ``n`` rows, each with its sampling memory, text stream and stop rules."""
         generator = make_generator(params.seed, ctx.device) if params.do_sample else None
-        max_new_tokens = min(params.max_new_tokens, ctx.max_model_len - len(prompt_ids))
+        max_new_tokens = min(new_token_limit(params, len(prompt_ids)), ctx.max_model_len - len(prompt_ids))
         eos = set(ctx.eos_token_ids)
 
         def decode(ids: list[int]) -> str:
             return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
+
+        stop_strings = StopStrings(tokenizer, params.stop_strings) if params.stop_strings else None
 
         rows = [
             Row(
                 index=index,
                 sampling=RowSamplingState(params, prompt_ids, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device),
                 streamer=DeltaStreamer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens),
-                stop=StopChecker(params, eos, max_new_tokens, decode),
+                stop=StopChecker(params, eos, max_new_tokens, decode, stop_strings, prompt_ids),
             )
             for index in range(params.n)
         ]

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from decoding.params import GenerationParams, ParameterError
+from decoding.custom_methods import CustomMethodInfo, check_custom_method
+from decoding.generation_knobs import check_knob_ids, check_max_length, new_token_limit
+from decoding.params import GenerationParams, ParameterError, guidance_active
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,8 @@ class ModelFacts:
     max_num_seqs: int = 16  # rows (KV slots) in the batch: one request's n or num_beams must fit
     max_num_beams: int = 8  # --max-num-beams
     assistants: tuple[str, ...] = ()  # names of the preloaded draft models
+    custom_methods: tuple[CustomMethodInfo, ...] = ()  # --custom-generate methods
+    bos_token_id: int | None = None  # the detector drops a leading BOS, as HF's WatermarkDetector
 
 
 def check_against_model(
@@ -48,8 +52,10 @@ def check_against_model(
     _check_ids(params.suppress_tokens or [], facts.vocab_size, "suppress_tokens")
     _check_ids(params.logit_bias or {}, facts.vocab_size, "logit_bias")
     _check_ids(params.stop_token_ids, facts.vocab_size, "stop_token_ids")
+    check_knob_ids(params, facts.vocab_size)
     _check_layers(params, facts.num_layers)
     _check_rows(params, facts)
+    check_custom_method(params, {method.name: method for method in facts.custom_methods})
     if params.assistant_model is not None and params.assistant_model not in facts.assistants:
         raise ParameterError(
             f"unknown assistant_model '{params.assistant_model}'; served assistants: "
@@ -58,7 +64,19 @@ def check_against_model(
             code="model_not_found",
         )
     for ids in prompts:
-        check_context(len(ids), params.max_new_tokens, facts.max_model_len, prompt_param)
+        check_max_length(params, len(ids), prompt_param)
+        check_context(len(ids), new_token_limit(params, len(ids)), facts.max_model_len, prompt_param)
+    if params.negative_prompt_ids is not None:  # the unconditional row holds it plus the output
+        _check_ids(params.negative_prompt_ids, facts.vocab_size, "negative_prompt_ids")
+        negative = len(params.negative_prompt_ids)
+        generated = max((new_token_limit(params, len(ids)) for ids in prompts), default=params.max_new_tokens)
+        check_context(negative, generated, facts.max_model_len, "negative_prompt_ids")
+    if guidance_active(params) and 2 * params.n > facts.max_num_seqs:  # a twin row per returned row
+        raise ParameterError(
+            f"n ({params.n}) with guidance_scale needs {2 * params.n} rows (each with its unconditional row), "
+            f"more than the server's batch holds (--max-num-seqs {facts.max_num_seqs})",
+            param="n",
+        )
 
 
 def check_context(prompt_len: int, max_tokens: int, limit: int, param: str) -> None:

@@ -107,17 +107,24 @@ class Worker:
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
+        custom = getattr(self.engine, "custom", None)  # a custom_generate job holds this thread: flag it now
+        if custom is not None:
+            custom.cancel(request_id)
 
     def stop(self, timeout: float | None = None) -> None:
         """End the loop after the current step; whatever is still running or queued then fails as
         "unavailable" (the drain deadline passed: the client may retry elsewhere)."""
         self._inbox.put(_Stop())
+        custom = getattr(self.engine, "custom", None)  # a running custom_generate job ends now too
+        if custom is not None:
+            custom.stop()
         self._thread.join(timeout)
 
     @property
     def num_pending(self) -> int:
         """Requests submitted but not yet admitted to the batch (inbox plus waiting queue)."""
-        return self._inbox.qsize() + self.engine.scheduler.num_waiting
+        custom = getattr(self.engine, "custom", None)  # queued custom_generate jobs wait too
+        return self._inbox.qsize() + self.engine.scheduler.num_waiting + (len(custom.queue) if custom else 0)
 
     @property
     def num_active(self) -> int:

@@ -19,16 +19,20 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from decoding import EngineClient
+from decoding.watermark_config import WatermarkingConfig
 from server.access_log import AccessLog
 from server.auth import ProtectMetrics, key_digests
+from server.custom_routes import custom_router
 from server.errors import install_error_handlers
 from server.limits import RequestLimits
 from server.metrics import Metrics
 from server.openapi import install_openapi
 from server.playground import playground_router
+from server.presets import load_presets, presets_router
 from server.routes import api, router
 from server.settings import Settings
 from server.streaming import close_remaining_streams, drain_streams_on_shutdown
+from server.watermark_api import watermark_router
 
 logger = logging.getLogger(__name__)
 
@@ -70,9 +74,11 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(api)
-    # [watermark] router
-    # [presets] router
-    # [custom] router
+    app.state.watermark = WatermarkingConfig.from_file(settings.watermark) if settings.watermark else None
+    app.include_router(watermark_router)
+    app.state.presets = load_presets(settings.presets_dir)  # a bad preset file fails the start
+    app.include_router(presets_router())
+    app.include_router(custom_router)
     install_openapi(app)
     if settings.playground:  # the page at / (server/static/); --no-playground serves the API only
         app.include_router(playground_router())

@@ -50,7 +50,11 @@ def main(argv: list[str] | None = None) -> None:
             begin_drain(app)
             super().handle_exit(sig, frame)
 
-    app = create_app(settings)
+    try:
+        app = create_app(settings)
+    except ValueError as exc:  # e.g. a preset file that cannot be served: name it, exit like a bad flag
+        print(f"decoda: {exc}", file=sys.stderr)
+        sys.exit(2)
     # uvicorn drains on SIGTERM, then re-raises the signal it captured; with the default handler
     # that kills the process (exit -15). A no-op handler lets a drained server exit 0.
     signal.signal(signal.SIGTERM, lambda *_: None)

@@ -38,6 +38,9 @@ ERRORS_BY_PATH = {
     "/v1/completions": ("400", "401", "404", "413", "429", "500", "503"),
     "/v1/chat/completions": ("400", "401", "404", "413", "429", "500", "503"),
     "/v1/models": ("401", "429", "500", "503"),
+    "/v1/presets": ("401", "429", "500"),  # loaded at start: answers while the model loads
+    "/v1/custom_generate": ("401", "429", "500", "503"),
+    "/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503"),
 }
 # aliases that share a bound with the API name BOUNDS uses
 BOUND_ALIASES = {
@@ -56,6 +59,9 @@ CROSS_FIELD_RULES = (
     "`num_beams` in beam search; `penalty_alpha` needs `top_k` > 1 without sampling; `dola_layers`, "
     "`penalty_alpha`, beams and assisted decoding (`assistant_model`, `prompt_lookup_num_tokens`, "
     "`assistant_early_exit`) exclude each other; the prompt plus `max_tokens` must fit the context."
+    " `guidance_scale` (other than 1) only with greedy search or sampling and `2 n` rows in the batch; "
+    "`negative_prompt` or `negative_prompt_ids` (not both) only with it, and plus `max_tokens` within the context."
+    " `generation_preset` names one of `GET /v1/presets`; the request's own fields win over the preset's."
 )
 
 
@@ -149,7 +155,7 @@ def _document_responses(app: FastAPI, path: str, method: str, operation: dict[st
         if app.state.settings.protect_metrics:
             responses["401"] = _error(ERROR_STATUSES["401"], "401")
     elif path in ERRORS_BY_PATH:
-        if path != "/v1/models":
+        if path.endswith("/completions"):  # the listings (models, custom_generate) are plain JSON
             ok = responses.setdefault("200", {"description": "Successful Response"})
             ok["description"] = "The completion; with `stream: true` server-sent events ending in `data: [DONE]`"
             ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}

@@ -13,14 +13,18 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from decoding import GenerationParams, ParameterError
+from decoding.model_defaults import HONOURED
 from decoding.params import validate
+from server.knob_fields import knob_arguments, min_new_tokens
+from server.watermark_protocol import WatermarkingConfigBody
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
-# knobs a model's generation_config.json may default (request > model > server default)
-MODEL_DEFAULTABLE = ("temperature", "top_p", "top_k", "min_p", "typical_p", "repetition_penalty", "do_sample")
+# knobs a model's generation_config.json may default (request > model > server default); the keys it
+# sets that the server does not use are logged at load with the reason (decoding.model_defaults)
+MODEL_DEFAULTABLE = tuple(sorted(HONOURED))
 WARPERS = ("top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
 
 
@@ -103,10 +107,36 @@ class GenerationFields(_Strict):
     ignore_eos: bool = False
     return_token_ids: bool = False
     skip_special_tokens: bool = True
-    # [knobs] more GenerationConfig fields (issue 11)
-    # [watermark] fields
-    # [guidance] fields
-    # [custom] fields
+    stop_strings: str | list[str] | None = None  # HF's: kept in the output (OpenAI's stop trims)
+    # pairs as JSON arrays (strict models refuse arrays for tuples); their shape is checked in validate()
+    sequence_bias: list[list[list[int] | float]] | None = None  # [[token_ids, bias], ...]
+    exponential_decay_length_penalty: list[int | float] | None = None  # [start_index, decay_factor]
+    begin_suppress_tokens: list[int] | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | list[int] | None = None
+    renormalize_logits: bool | None = None
+    max_length: int | None = None  # prompt + generated; max_tokens / max_new_tokens win when both are given
+    min_length: int | None = None  # prompt + generated; min_new_tokens / min_tokens win when both are given
+    token_healing: bool | None = None
+    watermarking_config: WatermarkingConfigBody | None = None  # default: the server's --watermark
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    negative_prompt_ids: list[int] | None = None
+    # with custom_generate, the body's other fields are the method's keyword arguments (checked against
+    # its signature in decoding.validation); without it they stay unknown fields (400 naming the first)
+    _custom_generate_args: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split_custom_generate_args(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        extra: dict[str, Any] = {}
+        if isinstance(data, dict) and data.get("custom_generate") is not None:
+            extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+            data = {k: v for k, v in data.items() if k in cls.model_fields}
+        model = handler(data)
+        if extra:
+            model._custom_generate_args = extra
+        return model
 
     # ---- translation ---------------------------------------------------------------------------------
     def _max_tokens(self, default: int | None) -> int | None:
@@ -168,27 +198,29 @@ class GenerationFields(_Strict):
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         top_k = pick("top_k", None)
         params = GenerationParams(
-            max_new_tokens=self._max_tokens(default_max_tokens),
-            min_new_tokens=self.min_new_tokens if self.min_new_tokens is not None else (self.min_tokens or 0),
+            max_new_tokens=self._max_tokens(defaults.get("max_new_tokens", default_max_tokens)),
+            min_new_tokens=min_new_tokens(self, pick),
             ignore_eos=self.ignore_eos,
-            max_time=self.max_time,
+            max_time=pick("max_time", None),
             do_sample=do_sample,
             temperature=float(temperature) if do_sample else 1.0,
             top_k=top_k or None,
             top_p=float(pick("top_p", 1.0)),
             min_p=pick("min_p", None),
             typical_p=float(pick("typical_p", 1.0)),
-            epsilon_cutoff=self.epsilon_cutoff or 0.0,
-            eta_cutoff=self.eta_cutoff or 0.0,
+            epsilon_cutoff=pick("epsilon_cutoff", 0.0) or 0.0,
+            eta_cutoff=pick("eta_cutoff", 0.0) or 0.0,
             repetition_penalty=float(pick("repetition_penalty", 1.0)),
-            no_repeat_ngram_size=self.no_repeat_ngram_size or 0,
-            bad_words_ids=self.bad_words_ids,
-            suppress_tokens=self.suppress_tokens,
+            no_repeat_ngram_size=pick("no_repeat_ngram_size", 0) or 0,
+            bad_words_ids=pick("bad_words_ids", None),
+            suppress_tokens=pick("suppress_tokens", None),
             num_beams=1 if self.num_beams is None else self.num_beams,
             num_beam_groups=1 if self.num_beam_groups is None else self.num_beam_groups,
-            diversity_penalty=self.diversity_penalty or 0.0,
-            length_penalty=1.0 if self.length_penalty is None else self.length_penalty,
-            early_stopping=False if self.early_stopping is None else self.early_stopping,
+            # beam-only model defaults apply to requests that ask for that search themselves
+            diversity_penalty=(pick("diversity_penalty", 0.0) if (self.num_beam_groups or 1) > 1
+                               else self.diversity_penalty) or 0.0,  # fmt: skip
+            length_penalty=float(pick("length_penalty", 1.0)),
+            early_stopping=pick("early_stopping", False),
             num_return_sequences=self.num_return_sequences or 1,
             penalty_alpha=self.penalty_alpha,
             dola_layers=self.dola_layers,
@@ -211,10 +243,12 @@ class GenerationFields(_Strict):
             skip_special_tokens=self.skip_special_tokens,
             generation_preset=self.generation_preset,
             custom_generate=self.custom_generate,
-            # [knobs] arguments
-            # [watermark] arguments
-            # [guidance] arguments
-            # [custom] arguments
+            **knob_arguments(self, pick, self._max_token_fields()),
+            watermarking_config=self.watermarking_config.config() if self.watermarking_config else None,
+            guidance_scale=self.guidance_scale,
+            negative_prompt=self.negative_prompt,
+            negative_prompt_ids=self.negative_prompt_ids,
+            custom_generate_args=dict(self._custom_generate_args) or None,
         )
         validate(params)
         return params

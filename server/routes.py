@@ -18,9 +18,12 @@ from sse_starlette.sse import EventSourceResponse
 from decoding import EngineClient, GenerationParams, RequestOutput
 from server.auth import require_api_key
 from server.errors import APIError, unavailable
+from server.guidance import with_negative_prompt_ids
+from server.presets import presets_of
 from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.responses import ChatFormat, CompletionFormat, now
 from server.streaming import collect_all, sse_events, until_disconnect
+from server.watermark_protocol import with_server_watermark
 
 router = APIRouter()
 api = APIRouter(dependencies=[Depends(require_api_key)])
@@ -70,8 +73,11 @@ async def respond(
 async def completions(body: CompletionRequest, request: Request) -> Response:
     client = engine_of(request)
     model = served_model(client, body.model)
+    body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults)  # a bad knob is a 400 before any tokenizer work
+    params = with_server_watermark(request, params)  # request > server default
     prompts = [await client.tokenize(p) if isinstance(p, str) else list(p) for p in body.prompts_or_error()]
+    params = await with_negative_prompt_ids(client, params)
     client.check_request(params, prompts, "prompt")
     echo_texts = [await client.decode(ids) for ids in prompts] if body.echo else None
     fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model, params.n, echo_texts=echo_texts,
@@ -85,7 +91,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     client = engine_of(request)
     model = served_model(client, body.model)
     prompt_ids = await client.apply_chat_template(body.messages_or_error())
+    body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults, room=client.max_model_len - len(prompt_ids))
+    params = with_server_watermark(request, params)  # request > server default
+    params = await with_negative_prompt_ids(client, params)
     client.check_request(params, [prompt_ids], "messages")
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
                      return_token_ids=body.return_token_ids, include_usage=body.include_usage)  # fmt: skip

@@ -22,6 +22,8 @@ from typing import Any
 import yaml
 
 from decoding import EngineConfig
+from decoding.custom_methods import parse_custom_generate, require_trust
+from decoding.watermark_config import WatermarkingConfig
 
 CONFIG_NAME = "server.yaml"
 SOURCE_CONFIG = Path(__file__).resolve().parent.parent / "config" / CONFIG_NAME  # in a checkout
@@ -83,9 +85,26 @@ class Settings:
     playground: bool = field(
         default=True, metadata={"help": "serve the playground page at / (--no-playground: the API only)"}
     )
-    # [watermark] settings
-    # [presets] settings
-    # [custom] settings
+    watermark: str | None = field(
+        default=None,
+        metadata={"help": "JSON file of a watermarking_config (HF WatermarkingConfig fields): watermarks every "
+                 "request that names none and is /v1/watermark/detect's default"},
+    )
+    presets_dir: str | None = field(
+        default=None,
+        metadata={"help": "folder of more generation presets (NAME.json GenerationConfig files; a name "
+                  "replaces the bundled preset of that name)"},
+    )
+    custom_generate: str | None = field(
+        default=None,
+        metadata={
+            "help": "NAME=PATH custom decoding method: PATH/custom_generate/generate.py as in HF's custom_generate "
+            "repositories (repeatable; comma-separated in the environment and yaml; needs --trust-remote-code)"
+        },
+    )
+    trust_remote_code: bool = field(
+        default=False, metadata={"help": "allow --custom-generate to run the Python code it points at"}
+    )
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(
         default="text", metadata={"help": "text | json (one JSON object per line, access logs included)"}
@@ -120,6 +139,8 @@ class Settings:
             max_num_beams=self.max_num_beams,
             assistant_models=parse_assistants(self.assistant_model),
             default_assistant=self.default_assistant,
+            custom_generate=parse_custom_generate(self.custom_generate),
+            trust_remote_code=self.trust_remote_code,
             num_threads=self.num_threads,
             cache_dir=self.cache_dir,
         )
@@ -138,7 +159,8 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
     return out
 
 
-REPEATABLE = ("assistant_model", "api_key")  # flags given several times; comma-joined like env and yaml
+# flags given several times; comma-joined like env and yaml
+REPEATABLE = ("assistant_model", "api_key", "custom_generate")
 LOG_FORMATS = ("text", "json")
 
 
@@ -248,6 +270,9 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
     for name in ("max_request_bytes", "max_concurrency_per_key"):
         if getattr(settings, name) < 0:
             raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
+    require_trust(parse_custom_generate(settings.custom_generate), settings.trust_remote_code)
+    if settings.watermark:  # a bad file fails at start, naming the file and the field
+        WatermarkingConfig.from_file(settings.watermark)
     keys = settings.api_keys()  # a named keys file that is missing or unreadable fails at startup
     if settings.protect_metrics and not keys:
         raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")

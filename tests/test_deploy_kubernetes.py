@@ -111,6 +111,18 @@ def test_the_config_map_is_the_repository_config_and_the_server_reads_it():
     assert mounts[config_volume]["readOnly"] is True
 
 
+def test_the_pods_serve_the_config_maps_presets(tmp_path):
+    from server.presets import Presets
+
+    (config_map,) = [doc for doc in generated_configmaps() if doc["metadata"]["name"] == CONFIG_MAP]
+    for name, text in config_map["data"].items():
+        (tmp_path / name).write_text(text)  # the ConfigMap as the pod sees its mount
+    mounts = {mount["name"]: mount["mountPath"] for mount in container()["volumeMounts"]}
+    assert env()["DECODA_PRESETS_DIR"]["value"] == mounts["config"]
+    shipped = sorted(path.stem for path in (ROOT / "config" / "presets").glob("*.json"))
+    assert shipped and Presets.load([tmp_path]).names() == shipped
+
+
 def test_every_decoda_variable_is_a_real_setting():
     known = {env_name(f.name) for f in fields(Settings)} | {"DECODA_CONFIG"}
     assert {name for name in env() if name.startswith("DECODA_")} <= known

@@ -18,6 +18,7 @@ from server.cli import build_parser
 from server.playground import STATIC_DIR, static_files
 from server.protocol import ChatCompletionRequest
 from server.settings import Settings, load_settings
+from server.watermark_protocol import WatermarkingConfigBody
 from tests.fake_engine import FakeEngineClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -92,13 +93,21 @@ def test_every_field_the_page_sends_is_one_the_api_accepts():
     the page sending a field the server rejects as unknown."""
     knobs = (STATIC_DIR / "js" / "knobs.js").read_text()
     fields = knobs[knobs.index("export const FIELDS") : knobs.index("};\n")]
-    keys = re.findall(r"^  (\w+): \{", fields, re.M)
-    names = {re.search(r'name: "(\w+)"', line).group(1) if 'name: "' in line else key
-             for key, line in zip(keys, re.findall(r"^  \w+: \{.*$", fields, re.M), strict=True)}  # fmt: skip
+    entries = re.findall(r"^  (\w+): \{(.*)$", fields, re.M)  # name and nest sit on an entry's first line
+    names, nested = set(), set()
+    for key, line in entries:
+        name = re.search(r'name: "(\w+)"', line)
+        nest = re.search(r'nest: "(\w+)"', line)
+        if nest:  # sent inside an object field: watermarking_config's own keys
+            assert nest.group(1) == "watermarking_config", key
+            nested.add(name.group(1))
+        else:
+            names.add(name.group(1) if name else key)
     fixed = set(re.findall(r"fixed: \{ (\w+):", knobs))
     sent = names | fixed | {"model", "messages", "stream", "stream_options", "logprobs"}
-    assert len(keys) > 25 and "top_k" in names and "contrastive_top_k" not in names
+    assert len(entries) > 25 and "top_k" in names and "contrastive_top_k" not in names
     assert sent <= set(ChatCompletionRequest.model_fields)
+    assert nested and nested <= set(WatermarkingConfigBody.model_fields)
 
 
 def test_the_package_ships_the_static_files():

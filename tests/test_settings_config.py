@@ -89,8 +89,11 @@ def test_pip_install_ships_config_server_yaml(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = "import server.settings as s; x = s.load_settings(environ={}); print(s.__file__, x.max_queue, x.port)"
+    code += "; import server.presets as p; print(p.bundled_presets(), *p.load_presets(None).names())"  # [presets]
     out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={"PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True)  # fmt: skip
-    module_file, max_queue, port = out.stdout.split()
+    module_file, max_queue, port, presets_folder, *presets = out.stdout.split()
     assert Path(module_file).is_relative_to(target)  # the installed copy, not this checkout
     assert (max_queue, port) == ("77", "9001")
+    assert Path(presets_folder).is_relative_to(target)  # config/presets/*.json ship inside the package
+    assert presets == sorted(path.stem for path in (ROOT / "config" / "presets").glob("*.json"))

@@ -19,7 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.sampling.length_knobs import LengthKnobs
 from decoding.sampling.row_state import RowSamplingState
+from decoding.watermark import WatermarkProcessor
 
 NEG_INF = float("-inf")
 
@@ -98,9 +100,11 @@ class SamplingBatch:
             for x in (self.repetition, self.temperature, self.top_k, self.top_p, self.min_p, self.typical_p)
             + (self.epsilon, self.eta, self.bias, self.suppress)
         ) or bool(self.presence_frequency or self.history_rows)
-        # [knobs] needs_processing
-        # [watermark] needs_processing
-        # [guidance] needs_processing
+        self.length_knobs = LengthKnobs(rows, device)
+        self.needs_processing = self.needs_processing or self.length_knobs.active
+        marked = [(i, r) for i, r in enumerate(rows) if r.params.watermarking_config is not None]
+        self.watermark = WatermarkProcessor(marked, rows[0].vocab_size) if marked else None
+        self.needs_processing = self.needs_processing or self.watermark is not None
 
     @classmethod
     def from_rows(
@@ -118,8 +122,9 @@ class SamplingBatch:
         if not self.needs_processing and diversity_penalty is None:
             return logits
         scores = logits.clone()
-        # [guidance] classifier-free guidance mixes in the unconditional logits here (HF: first)
-        # [knobs] sequence_bias (HF: right after guidance)
+        # sequence_bias (HF: first; classifier-free guidance, before it in HF, is mixed by its
+        # strategy before the logits reach this batch: strategies/guidance.py)
+        self.length_knobs.apply_sequence_bias(scores)
         if self.bias is not None:
             rows, tokens, values = self.bias
             scores.index_put_((rows, tokens), values.to(scores.dtype), accumulate=True)
@@ -132,11 +137,13 @@ class SamplingBatch:
             scores[self._pf_index] -= self._frequency[:, None] * counts + self._presence[:, None] * (counts > 0)
         if self.history_rows:
             self._history_bans(scores)
-        # [knobs] forced_bos/forced_eos, exponential_decay_length_penalty (HF: before suppress_tokens)
+        # forced_bos/forced_eos, exponential_decay_length_penalty (HF: before suppress_tokens)
+        # min_length sits with them: HF puts it between bad_words_ids and min_new_tokens, all -inf bans
+        self.length_knobs.apply_length_rules(scores)
         if self.suppress is not None:
             scores[self.suppress] = NEG_INF
-        # [knobs] begin_suppress_tokens (HF: right after suppress_tokens)
-        # [watermark] WatermarkLogitsProcessor (HF: after the processors, before the warpers)
+        # begin_suppress_tokens (HF: right after suppress_tokens)
+        self.length_knobs.apply_begin_suppress(scores)
         for knob, op in (
             (self.temperature, _temperature),
             (self.top_k, _top_k),
@@ -148,7 +155,12 @@ class SamplingBatch:
         ):
             if knob is not None:
                 scores[knob.rows] = op(scores[knob.rows], knob.values, self.min_tokens_to_keep)
-        # [knobs] renormalize_logits (HF: LogitNormalization, last)
+        # WatermarkLogitsProcessor (HF 5: after the processors and the warpers, before
+        # LogitNormalization; see _get_logits_processor, transformers#34630)
+        if self.watermark is not None:
+            scores = self.watermark.apply(scores)
+        # renormalize_logits (HF: LogitNormalization, last)
+        self.length_knobs.apply_renormalize(scores)
         return scores
 
     @staticmethod

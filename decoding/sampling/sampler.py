@@ -19,12 +19,20 @@ class BatchSampler:
         self._batch: SamplingBatch | None = None
 
     def pick(self, rows: list[RowSamplingState], logits: torch.Tensor) -> list[int]:
-        """``logits``: ``[len(rows), vocab_size]`` raw; returns one token per row."""
+        """``logits``: ``[len(rows), vocab_size]`` raw; returns one token per row. Rows that set
+        ``renormalize_logits`` get their processed scores written back into ``logits``, for their logprobs."""
         key = tuple(id(row) for row in rows)
         if key != self._key or self._batch is None:
             self._batch = SamplingBatch(rows, self.device)
             self._key = key
-        return self._batch.sample(self._batch.process(logits))
+        scores = self._batch.process(logits)
+        tokens = self._batch.sample(scores)
+        shown = self._batch.length_knobs.renormalize
+        if shown:
+            # renormalize_logits: these rows report logprobs of the processed distribution, as HF's
+            # output_scores do with it (banned tokens at float32's lowest instead of -inf, which JSON lacks)
+            logits[shown] = scores[shown].clamp(min=torch.finfo(scores.dtype).min)
+        return tokens
 
     def forget(self) -> None:
         """Rows left the batch (a request finished or failed): rebuild at the next pick."""

@@ -6,13 +6,14 @@ class; the engine builds each request's strategy through it and never asks which
 
 from __future__ import annotations
 
-from decoding.params import Strategy
+from decoding.params import Strategy, guidance_active
 from decoding.request import Request
 from decoding.strategies.base import DecodingStrategy, DraftJob, EngineContext, Pick
 from decoding.strategies.beam import BeamDecoding
 from decoding.strategies.contrastive import ContrastiveDecoding
 from decoding.strategies.dola import DolaDecoding
 from decoding.strategies.group_beam import GroupBeamDecoding
+from decoding.strategies.guidance import GuidanceDecoding
 from decoding.strategies.plain import PlainDecoding
 from decoding.strategies.speculative import SpeculativeDecoding
 
@@ -29,6 +30,8 @@ STRATEGIES: dict[Strategy, type[DecodingStrategy]] = {
 
 
 def make_strategy(request: Request, ctx: EngineContext) -> DecodingStrategy:
+    if guidance_active(request.params):  # HF's CFG processor on greedy/sampling (validate allows no other)
+        return GuidanceDecoding(request, ctx)
     return STRATEGIES[request.params.strategy](request, ctx)
 
 

@@ -19,6 +19,7 @@ from typing import Protocol
 
 import torch
 
+from decoding.generation_knobs import new_token_limit
 from decoding.model_runner import RowInput
 from decoding.outputs import FinishReason, TokenLogprob
 from decoding.request import Request
@@ -50,7 +51,8 @@ class BeamRows(DecodingStrategy):
         self.slots: list[int] = []
         self.num_cached = 0  # tokens in every beam's slot (beams advance together)
         self.next_tokens: list[int] = []
-        self.max_new_tokens = min(params.max_new_tokens, ctx.max_model_len - len(request.prompt_ids))
+        prompt_len = len(request.prompt_ids)
+        self.max_new_tokens = min(new_token_limit(params, prompt_len), ctx.max_model_len - prompt_len)
         self.search = self.make_search()
 
     @abstractmethod

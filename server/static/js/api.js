@@ -53,14 +53,29 @@ export async function getJSON(path) {
   return response.json();
 }
 
-// The paths the server's OpenAPI document lists: lets the page look for optional endpoints
-// without requesting absent ones (each would be a 404 in the console).
-export async function serverPaths() {
+// The paths the server's OpenAPI document lists, and the chat request's fields: lets the page
+// look for optional endpoints and knobs without requesting absent ones (each would be a 404 in
+// the console).
+export async function serverSpec() {
   try {
-    return new Set(Object.keys((await getJSON("/openapi.json")).paths || {}));
+    const doc = await getJSON("/openapi.json");
+    const chat = ((doc.components || {}).schemas || {}).ChatCompletionRequest || {};
+    return { paths: new Set(Object.keys(doc.paths || {})), chatFields: new Set(Object.keys(chat.properties || {})) };
   } catch {
-    return new Set();
+    return { paths: new Set(), chatFields: new Set() };
   }
+}
+
+export async function postJSON(path, body) {
+  const response = await fetch(path, { method: "POST", headers: headers(true), body: JSON.stringify(body) });
+  if (!response.ok) throw await errorOf(response);
+  return response.json();
+}
+
+// transformers' WatermarkDetector over a reply's text (/v1/watermark/detect), with the config the
+// request used.
+export function detectWatermark(text, config) {
+  return postJSON("/v1/watermark/detect", { text, watermarking_config: config });
 }
 
 // Yields each SSE event's JSON payload until [DONE]. A non-200 answer throws its ApiError before

@@ -53,6 +53,18 @@ export const FIELDS = {
   },
   assistant_confidence_threshold: { kind: "number", value: "", placeholder: "off", help: "stop drafting below it" },
   generation_preset: { kind: "preset", value: "", help: "a named generation config" },
+  guidance_scale: { kind: "number", value: "", placeholder: "1 (off)", help: "classifier-free guidance; > 1 follows the prompt harder" },
+  negative_prompt: { kind: "text", value: "", placeholder: "none", help: "what guidance steers away from" },
+  // watermarking_config: a switch, then transformers' WatermarkingConfig fields nested under it
+  watermark: { name: "watermarking_config", kind: "bool", value: false, help: "watermark the reply; its z-score is shown" },
+  wm_greenlist_ratio: { nest: "watermarking_config", name: "greenlist_ratio", kind: "number", value: "", placeholder: "0.25", help: "share of the vocabulary that is green" },
+  wm_bias: { nest: "watermarking_config", name: "bias", kind: "number", value: "", placeholder: "2.0", help: "added to green tokens' logits" },
+  wm_hashing_key: { nest: "watermarking_config", name: "hashing_key", kind: "number", value: "", placeholder: "15485863", help: "the secret seeding the green lists" },
+  wm_seeding_scheme: { nest: "watermarking_config", name: "seeding_scheme", kind: "select", value: "",
+    options: [["", "default (lefthash)"], ["lefthash", "lefthash"], ["selfhash", "selfhash"]],
+    help: "how the previous tokens seed the green list",
+  },
+  wm_context_width: { nest: "watermarking_config", name: "context_width", kind: "number", value: "", placeholder: "1", help: "previous tokens that seed it" },
 };
 
 const SAMPLING = ["temperature", "top_k", "top_p", "min_p", "typical_p", "seed"];
@@ -109,8 +121,14 @@ export const COMMON_GROUPS = [
 // watermarking (`watermarking_config`, whose output z-score comes from /v1/watermark/detect)
 // and classifier-free guidance (`guidance_scale` and its negative prompt) belong here, with
 // their fields added to FIELDS above, once the server accepts them.
+// `requiresField`: instead of a path, a request field the chat schema must list; `probe: false`:
+// the path is listed but not requested (a POST-only endpoint).
 export const OPTIONAL_GROUPS = [
   { id: "preset", title: "Preset", requires: "/v1/presets", fields: ["generation_preset"], open: true },
+  { id: "guidance", title: "Classifier-free guidance", requiresField: "guidance_scale",
+    fields: ["guidance_scale", "negative_prompt"] },
+  { id: "watermark", title: "Watermark", requires: "/v1/watermark/detect", probe: false,
+    fields: ["watermark", "wm_greenlist_ratio", "wm_bias", "wm_hashing_key", "wm_seeding_scheme", "wm_context_width"] },
 ];
 
 export function strategyById(id) {
@@ -120,4 +138,10 @@ export function strategyById(id) {
 // The request field a FIELDS entry sends (contrastive_top_k sends top_k).
 export function paramName(key) {
   return FIELDS[key].name || key;
+}
+
+// The `param` a server error names for a field: nested ones as "watermarking_config.bias".
+export function errorName(key) {
+  const def = FIELDS[key];
+  return def.nest ? `${def.nest}.${paramName(key)}` : paramName(key);
 }

@@ -1,7 +1,7 @@
 // The playground's wiring: what the server offers (model, assistants, presets), chat and compare
 // modes, the composer (Enter sends, Shift+Enter is a newline, Escape stops) and the copy dialog.
 
-import { getApiKey, getJSON, serverPaths, setApiKey } from "./api.js";
+import { getApiKey, getJSON, serverSpec, setApiKey } from "./api.js";
 import { OPTIONAL_GROUPS } from "./knobs.js";
 import { Pane } from "./pane.js";
 import { curlSnippet, pythonSnippet } from "./snippets.js";
@@ -47,9 +47,17 @@ async function loadServer() {
     }
     return;
   }
-  const paths = await serverPaths();
+  const { paths, chatFields } = await serverSpec();
   for (const group of OPTIONAL_GROUPS) {
+    if (group.requiresField) {
+      if (chatFields.has(group.requiresField)) server.groups.add(group.id);
+      continue;
+    }
     if (!paths.has(group.requires)) continue;
+    if (group.probe === false) {
+      server.groups.add(group.id);
+      continue;
+    }
     try {
       const answer = await getJSON(group.requires);
       if (group.id === "preset") server.presets = presetNames(answer);

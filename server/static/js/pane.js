@@ -8,7 +8,7 @@
 // speculative request's accepted and rejected drafts, and a beam choice's `sequence_score`
 // arrives with its finish chunk.
 
-import { ApiError, streamChat } from "./api.js";
+import { ApiError, detectWatermark, streamChat } from "./api.js";
 import { el } from "./dom.js";
 import { SettingsForm } from "./settings.js";
 
@@ -103,6 +103,7 @@ export class Pane {
       this.controller = null;
     }
     reply.finish(state, performance.now() - started);
+    if (body.watermarking_config && state === "done") await reply.scoreWatermark(body.watermarking_config);
     this.history.push({ role: "user", content: text }, { role: "assistant", content: reply.text(0) });
     this.follow();
     return state;
@@ -163,6 +164,8 @@ class Reply {
     this.choices = new Map(); // index -> { text, node, score, finish }
     this.usage = null;
     this.ttft = null;
+    this.end = null;
+    this.watermark = null;
     this.stats = el("dl", { class: "stats" });
     this.node.append(this.stats);
     this.showStats(null);
@@ -200,7 +203,19 @@ class Reply {
     this.node.append(el("p", { class: "msg-error", role: "alert", text: message }));
   }
 
+  // The reply's watermark z-score from the server's detector; a refusal (too short) is shown as is.
+  async scoreWatermark(config) {
+    try {
+      const found = await detectWatermark(this.text(0), config);
+      this.watermark = `z ${found.z_score.toFixed(2)} · ${found.prediction ? "watermarked" : "not detected"}`;
+    } catch (err) {
+      this.watermark = err.message;
+    }
+    this.showStats(this.end);
+  }
+
   finish(state, elapsed) {
+    this.end = { state, elapsed };
     this.node.dataset.state = state;
     if (this.choices.size > 1) {
       for (const [index, choice] of this.choices) {
@@ -234,7 +249,7 @@ class Reply {
       add("acceptance", "accepted", drafted ? `${Math.round((100 * accepted) / drafted)}% of ${drafted}` : "no drafts",
         "draft tokens the target kept (usage.completion_tokens_details)");
     }
-    // The watermark z-score joins these once /v1/watermark/detect exists (OPTIONAL_GROUPS in knobs.js).
+    if (this.watermark) add("watermark", "watermark", this.watermark, "z-score of /v1/watermark/detect on this reply");
     const best = this.choices.get(0);
     if (best && best.score !== null) add("score", "sequence_score", best.score.toFixed(4), "the best beam's score");
     const finish = best && best.finish;

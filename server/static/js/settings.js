@@ -5,7 +5,7 @@
 import { ApiError } from "./api.js";
 import { el } from "./dom.js";
 import {
-  COMMON_GROUPS, FIELDS, OPTIONAL_GROUPS, SAMPLING_FIELDS, STRATEGIES, paramName, strategyById,
+  COMMON_GROUPS, FIELDS, OPTIONAL_GROUPS, SAMPLING_FIELDS, STRATEGIES, errorName, paramName, strategyById,
 } from "./knobs.js";
 
 // Error params that name another spelling of a field shown here.
@@ -108,7 +108,7 @@ export class SettingsForm {
 
   field(scope, key) {
     const def = FIELDS[key];
-    const name = paramName(key);
+    const name = errorName(key);
     const save = (value) => {
       (this.values[scope] ||= {})[key] = value;
     };
@@ -147,7 +147,7 @@ export class SettingsForm {
     const wrapper = el(
       "label",
       { class: `field field-${def.kind}`, "data-param": name, title: def.help },
-      el("span", { class: "field-name", text: name }),
+      el("span", { class: "field-name", text: def.nest ? paramName(key) : name }),
       control,
       el("span", { class: "field-error", role: "alert", hidden: true }),
     );
@@ -168,8 +168,19 @@ export class SettingsForm {
     const out = { ...(spec.fixed || {}) };
     if (spec.beam) out.logprobs = true; // beams' sequence_score comes with logprobs
     for (const [scope, key] of this.visible()) {
-      const value = convert(FIELDS[key], this.raw(scope, key));
-      if (value !== undefined) out[paramName(key)] = value;
+      const def = FIELDS[key];
+      const value = convert(def, this.raw(scope, key));
+      if (key === "watermark") {
+        if (value) out.watermarking_config = { ...(out.watermarking_config || {}) };
+      } else if (def.nest) {
+        if (value !== undefined) (out[def.nest] ||= {})[paramName(key)] = value;
+      } else if (value !== undefined) {
+        out[paramName(key)] = value;
+      }
+    }
+    // nested knobs count only with their switch on (a WatermarkingConfig needs watermark ticked)
+    if (out.watermarking_config && !convert(FIELDS.watermark, this.raw("common", "watermark"))) {
+      delete out.watermarking_config;
     }
     if (spec.id === "assistant" && out.assistant_model === undefined) {
       const message = "choose an assistant: this server lists none in /v1/models (decoda serve --assistant-model)";

@@ -1,0 +1,73 @@
+"""The watermark's request bodies: ``watermarking_config`` (a generation field) and the detect body.
+
+``watermarking_config`` takes transformers' ``WatermarkingConfig`` fields by their HF names. It is
+checked by ``decoding.watermark_config`` before pydantic sees it, so an unknown key, a wrong type or
+a value out of range is a 400 naming ``watermarking_config.<field>``, the allowed values and the
+value; the bounds also go into ``/openapi.json`` from the same table.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from fastapi import Request
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from decoding import GenerationParams
+from decoding.watermark_config import WATERMARK_BOUNDS, WatermarkingConfig
+
+DEFAULTS = WatermarkingConfig()
+
+
+def _bounded(name: str) -> Any:  # noqa: ANN401 - a pydantic FieldInfo
+    return Field(getattr(DEFAULTS, name), json_schema_extra=WATERMARK_BOUNDS[name].json_schema())
+
+
+class WatermarkingConfigBody(BaseModel):
+    """transformers' ``WatermarkingConfig`` (Kirchenbauer et al. 2023), HF's defaults."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    greenlist_ratio: float = _bounded("greenlist_ratio")
+    bias: float = _bounded("bias")
+    hashing_key: int = _bounded("hashing_key")
+    seeding_scheme: Literal["lefthash", "selfhash"] = DEFAULTS.seeding_scheme
+    context_width: int = _bounded("context_width")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _check(cls, data: Any) -> Any:  # noqa: ANN401
+        if isinstance(data, WatermarkingConfigBody):  # already checked (a preset or a copy handing it on)
+            data = data.model_dump()
+        config = WatermarkingConfig.from_dict(data)  # ParameterError naming watermarking_config.<field>
+        return {**config.to_dict(), "greenlist_ratio": float(config.greenlist_ratio), "bias": float(config.bias)}
+
+    def config(self) -> WatermarkingConfig:
+        return WatermarkingConfig(**self.model_dump())
+
+
+class WatermarkDetectRequest(BaseModel):
+    """``POST /v1/watermark/detect``: give ``token_ids`` (exact) or ``text`` (tokenized by the served
+    model's tokenizer, without special tokens); the config defaults to the server's ``--watermark``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str | None = None
+    token_ids: list[int] | None = None
+    text: str | None = None
+    watermarking_config: WatermarkingConfigBody | None = None
+    z_threshold: float = 3.0
+    ignore_repeated_ngrams: bool = False
+
+
+def server_watermark(request: Request) -> WatermarkingConfig | None:
+    """The ``--watermark`` config, read and checked once when the app was built."""
+    return getattr(request.app.state, "watermark", None)
+
+
+def with_server_watermark(request: Request, params: GenerationParams) -> GenerationParams:
+    """A request that names no ``watermarking_config`` gets the server's (request > server default)."""
+    default = server_watermark(request)
+    if params.watermarking_config is None and default is not None:
+        return params.replace(watermarking_config=default)
+    return params
