@@ -36,6 +36,15 @@ ENV DECODA_CACHE_DIR=/opt/decoda/cache
 RUN python -c "from decoding.loading import load_model; load_model('smollm2-135m-instruct', cache_dir='/opt/decoda/cache')" \
     && chmod -R a+rX /opt/decoda
 
+# the paged-attention kernel, built once here for a portable x86-64 target (AVX2/FMA); the
+# compiler leaves the image again. Another CPU family: --build-arg KERNEL_MARCH=armv8-a (or native)
+ARG KERNEL_MARCH=x86-64-v3
+ENV DECODA_KERNEL_DIR=/opt/decoda/kernels DECODA_KERNEL_MARCH=${KERNEL_MARCH}
+RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
+    && python -c "from decoding.paged_attention import native_available; assert native_available()" \
+    && chmod -R a+rX /opt/decoda/kernels \
+    && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
+
 # never root at run time; uid 10001 is the one deploy/kubernetes/deployment.yaml runs as
 RUN groupadd --system --gid 10001 decoda \
     && useradd --system --uid 10001 --gid decoda --home-dir /home/decoda --create-home decoda

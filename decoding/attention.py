@@ -1,16 +1,18 @@
-"""Decoda's attention function: packed tokens of many rows against the slot pool, in one forward.
+"""Decoda's attention function: packed tokens of many rows against the paged KV cache, in one forward.
 
 The runner flattens every row's new tokens into one sequence ``[1, num_tokens]`` so the model's
 projections and MLPs run as one matmul with no padding. Attention is the only place rows must be
 kept apart; transformers lets a model call a registered attention function (``AttentionInterface``)
 with the new keys/values, and this one:
 
-1. writes the new K/V into the pool at each token's own (slot, position);
-2. runs all single-token rows (decode steps) as ONE batched attention over a *view* of the pool's
-   leading slots (no gather, no copy of anyone's cache), masking each row to its own length;
-3. runs each multi-token row (a prompt chunk, a draft to verify) as its own attention with a causal
-   mask offset by the row's cached length, or, for contrastive-search candidates (sibling
-   tokens at one position), a mask that lets each see the prefix and itself only.
+1. writes the new K/V into the pool at each token's own (block, offset), found through its row's
+   block table (the pool made those positions writable before the forward: ``KVPool.prepare``);
+2. runs all single-token rows (decode steps) as ONE call reading every row's blocks in place
+   (``paged_attention.paged_decode``), each row masked to its own length;
+3. runs each multi-token row (a prompt chunk, a draft to verify) as its own attention over its
+   blocks gathered in order, with a causal mask offset by the row's cached length, or, for
+   contrastive-search candidates (sibling tokens at one position), a mask that lets each see the
+   prefix and itself only.
 
 It matches transformers' ``sdpa_attention_forward`` numerically up to float reassociation; the
 masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers).
@@ -28,6 +30,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
 from decoding.kv_cache import KVPool
+from decoding.paged_attention import paged_decode
 
 ATTENTION_NAME = "decoda"
 LAYOUT_KWARG = "decoda_layout"  # the model forwards this keyword down to every attention call
@@ -62,44 +65,52 @@ class StepLayout:
         self.multi = [s for s in segments if s.length > 1]
         if segments[: len(self.decode)] != self.decode:
             raise ValueError("decode segments must come first")
-        slots: list[int] = []
-        positions: list[int] = []  # where each token's K/V is written
+        size = pool.block_size
+        blocks: list[int] = []  # where each token's K/V is written: (block, offset)
+        offsets: list[int] = []
         rotary: list[int] = []  # the position the model sees
         for seg in segments:
-            slots.extend([seg.slot] * seg.length)
-            positions.extend(range(seg.start, seg.start + seg.length))
+            table = pool.tables[seg.slot]
+            for position in range(seg.start, seg.start + seg.length):
+                blocks.append(table[position // size])
+                offsets.append(position % size)
             rotary.extend([seg.start] * seg.length if seg.siblings else range(seg.start, seg.start + seg.length))
-        self.num_tokens = len(slots)
-        self.token_slots = torch.tensor(slots, dtype=torch.long, device=device)  # [num_tokens]
-        self.cache_positions = torch.tensor(positions, dtype=torch.long, device=device)  # [num_tokens]
+        self.num_tokens = len(blocks)
+        self.token_blocks = torch.tensor(blocks, dtype=torch.long, device=device)  # [num_tokens]
+        self.token_offsets = torch.tensor(offsets, dtype=torch.long, device=device)  # [num_tokens]
         self.token_positions = torch.tensor(rotary, dtype=torch.long, device=device)  # [num_tokens]
         self.device = device
         self._masks: dict[tuple[str, int | None], torch.Tensor] = {}
+        self._multi_blocks = [
+            torch.tensor(pool.tables[seg.slot][: pool.blocks_for(seg.start + seg.length)], dtype=torch.long,
+                         device=device)
+            for seg in self.multi
+        ]  # fmt: skip
         if self.decode:
-            decode_slots = [s.slot for s in self.decode]
-            self.decode_view = max(decode_slots) + 1
-            self.decode_kv_len = max(s.start + 1 for s in self.decode)
-            self.decode_slots = torch.tensor(decode_slots, dtype=torch.long, device=device)
-            # A view of the leading slots works when the decode rows are exactly those slots.
-            self.decode_dense = decode_slots == list(range(self.decode_view))
-            lengths = [1] * self.decode_view  # idle slots see key 0 only
-            query_pos = [0] * self.decode_view
-            for seg in self.decode:
-                lengths[seg.slot] = seg.start + 1
-                query_pos[seg.slot] = seg.start
-            self._decode_lengths = torch.tensor(lengths, dtype=torch.long, device=device)  # [decode_view]
-            self._decode_query_pos = torch.tensor(query_pos, dtype=torch.long, device=device)  # [decode_view]
+            width = max(pool.blocks_for(seg.start + 1) for seg in self.decode)
+            tables = [(pool.tables[seg.slot] + [0] * width)[:width] for seg in self.decode]
+            self.decode_tables = torch.tensor(tables, dtype=torch.long, device=device)  # [num_decode, width]
+            self.decode_lengths = torch.tensor([s.start + 1 for s in self.decode], dtype=torch.long, device=device)
 
-    def decode_bias(self, sliding_window: int | None) -> torch.Tensor:
-        """``[decode_view, 1, 1, decode_kv_len]`` float32: 0 where a row may attend, -inf elsewhere."""
-        key = ("decode", sliding_window)
+    def decode_firsts(self, sliding_window: int | None) -> torch.Tensor:
+        """``[num_decode]`` the first position each decode row may see (its sliding window's start)."""
+        key = ("firsts", sliding_window)
         if key not in self._masks:
-            kv = torch.arange(self.decode_kv_len, device=self.device)
-            allowed = kv[None, :] < self._decode_lengths[:, None]
-            if sliding_window is not None:
-                allowed &= kv[None, :] > self._decode_query_pos[:, None] - sliding_window
-            self._masks[key] = _additive(allowed)[:, None, None, :]
+            if sliding_window is None:
+                self._masks[key] = torch.zeros_like(self.decode_lengths)
+            else:  # kv > q - window, with q = length - 1
+                self._masks[key] = (self.decode_lengths - sliding_window).clamp_(min=0)
         return self._masks[key]
+
+    def multi_kv(self, index: int, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The index-th multi-token segment's K and V ``[1, num_kv_heads, start + length, head_dim]``."""
+        seg, blocks = self.multi[index], self._multi_blocks[index]
+        pool, span = self.pool, seg.start + seg.length
+        keys, values = pool.keys[layer][blocks], pool.values[layer][blocks]  # [n, kv_heads, block, dim]
+        kv_heads, head_dim = keys.shape[1], keys.shape[3]
+        k = keys.transpose(0, 1).reshape(1, kv_heads, -1, head_dim)[:, :, :span]
+        v = values.transpose(0, 1).reshape(1, kv_heads, -1, head_dim)[:, :, :span]
+        return k, v
 
     def multi_mask(self, index: int, sliding_window: int | None) -> torch.Tensor:
         """``[length, start + length]`` bool causal mask of the index-th multi-token segment."""
@@ -118,11 +129,6 @@ class StepLayout:
                     mask &= kv[None, :] > q[:, None] - sliding_window
             self._masks[key] = mask
         return self._masks[key]
-
-
-def _additive(allowed: torch.Tensor) -> torch.Tensor:
-    """A bool mask as the additive float32 bias softmax needs: 0 where allowed, -inf elsewhere."""
-    return torch.zeros(allowed.shape, dtype=torch.float32, device=allowed.device).masked_fill_(~allowed, float("-inf"))
 
 
 _active: list[StepLayout | None] = [None]
@@ -197,31 +203,25 @@ def _attend(
 ) -> torch.Tensor:
     pool = layout.pool
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
-    # [num_tokens, num_kv_heads, head_dim] written at (slot, position) of each token
-    layer_keys[layout.token_slots, :, layout.cache_positions] = key[0].transpose(0, 1).to(layer_keys.dtype)
-    layer_values[layout.token_slots, :, layout.cache_positions] = value[0].transpose(0, 1).to(layer_values.dtype)
+    # [num_tokens, num_kv_heads, head_dim] written at (block, offset) of each token
+    layer_keys[layout.token_blocks, :, layout.token_offsets] = key[0].transpose(0, 1).to(layer_keys.dtype)
+    layer_values[layout.token_blocks, :, layout.token_offsets] = value[0].transpose(0, 1).to(layer_values.dtype)
 
     gqa = query.shape[1] != key.shape[1]
     outputs: list[torch.Tensor] = []
     num_decode = len(layout.decode)
     if num_decode:
-        q = query[0, :, :num_decode].transpose(0, 1).unsqueeze(2)  # [num_decode, num_heads, 1, head_dim]
-        if not layout.decode_dense:
-            full = q.new_zeros((layout.decode_view, *q.shape[1:]))
-            full[layout.decode_slots] = q
-            q = full
-        k = layer_keys[: layout.decode_view, :, : layout.decode_kv_len]
-        v = layer_values[: layout.decode_view, :, : layout.decode_kv_len]
-        out = grouped_attention(q, k, v, layout.decode_bias(sliding_window), scaling)
-        if not layout.decode_dense:
-            out = out[layout.decode_slots]
-        outputs.append(out.squeeze(2))  # [num_decode, num_heads, head_dim]
+        q = query[0, :, :num_decode].transpose(0, 1)  # [num_decode, num_heads, head_dim]
+        out = paged_decode(
+            q, layer_keys, layer_values, layout.decode_tables, layout.decode_lengths,
+            layout.decode_firsts(sliding_window), scaling,
+        )  # fmt: skip
+        outputs.append(out)  # [num_decode, num_heads, head_dim]
     offset = num_decode
     for index, seg in enumerate(layout.multi):
         q = query[:, :, offset : offset + seg.length]  # [1, num_heads, length, head_dim]
-        k = layer_keys[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
-        v = layer_values[seg.slot : seg.slot + 1, :, : seg.start + seg.length]
-        # PyTorch's flash kernel: 1.1x to 3x faster than grouped_attention for many float32 queries
+        k, v = layout.multi_kv(index, layer)
+        # PyTorch's flash kernel: 1.1x to 3x faster than paged_attention.grouped_attention for many float32 queries
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=layout.multi_mask(index, sliding_window), scale=scaling, enable_gqa=gqa
         )
@@ -229,35 +229,6 @@ def _attend(
         offset += seg.length
     attn = torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]
     return attn.unsqueeze(0)  # [1, num_tokens, num_heads, head_dim]
-
-
-def grouped_attention(
-    query: torch.Tensor,  # [batch, num_heads, num_queries, head_dim]
-    keys: torch.Tensor,  # [batch, num_kv_heads, kv_len, head_dim]
-    values: torch.Tensor,  # [batch, num_kv_heads, kv_len, head_dim]
-    bias: torch.Tensor,  # float32 [batch, 1, 1, kv_len]: 0 where a row may attend, -inf elsewhere
-    scaling: float,
-) -> torch.Tensor:
-    """Softmax attention with grouped K/V heads, as two batched matmuls.
-
-    Query head ``h`` reads K/V head ``h // group`` (transformers' ``repeat_kv``), so the query heads
-    of one group are stacked as extra query rows and the pool's K/V are read once per group,
-    never repeated. Scores and softmax are float32 whatever the model dtype. For decode rows
-    (one query each) this beats PyTorch's CPU flash kernel: 16 rows at ~200 positions take
-    226 us instead of 322 in float32 and 311 instead of 1598 in bfloat16 (whose flash path is
-    slow on CPU); for many float32 queries at once (prefill) the flash kernel wins, so those keep
-    it (in bfloat16 this function would win there too: 3.4 ms vs 4.7 for a 512-token chunk).
-    """
-    batch, num_heads, num_queries, head_dim = query.shape
-    num_kv_heads, kv_len = keys.shape[1], keys.shape[2]
-    group = num_heads // num_kv_heads
-    grouped = query.reshape(batch, num_kv_heads, group * num_queries, head_dim)
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float()  # [batch, kv_heads, group*queries, kv_len]
-    scores = scores.view(batch, num_kv_heads, group, num_queries, kv_len).mul_(scaling)
-    scores += bias.view(bias.shape[0], 1, 1, 1, kv_len)
-    probs = torch.softmax(scores, dim=-1).to(values.dtype).view(batch, num_kv_heads, group * num_queries, kv_len)
-    out = torch.matmul(probs, values)  # [batch, kv_heads, group*queries, head_dim]
-    return out.view(batch, num_heads, num_queries, head_dim)
 
 
 def _no_mask(*args: object, **kwargs: object) -> None:

@@ -12,8 +12,11 @@ class EngineConfig:
     dtype: str = "float32"  # float32 | bfloat16 | float16
     device: str = "cpu"
     compile: bool = False  # torch.compile the model's forward
-    max_model_len: int | None = None  # default: min(model's max_position_embeddings, 8192)
-    max_num_seqs: int = 16  # rows (KV slots) in the batch
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    max_num_seqs: int = 64  # rows (sequences) in the batch
+    kv_cache_memory: str = "0.2"  # a fraction of the memory free after loading, or bytes ("4GiB")
+    block_size: int = 16  # positions per KV block
+    prefix_caching: bool = True
     max_num_batched_tokens: int = 512  # token budget of one forward (prefill chunking)
     max_queue: int = 256  # waiting requests beyond this get 429
     request_timeout: float | None = 600.0  # seconds from arrival; None disables

@@ -19,7 +19,7 @@ from decoding import picking, prefill
 from decoding.custom_job import CustomJobs
 from decoding.custom_loading import LoadedMethod
 from decoding.detokenizer import token_text
-from decoding.kv_cache import KVPool
+from decoding.kv_cache import DEFAULT_BLOCK_SIZE, KVPool, OutOfBlocksError
 from decoding.model_runner import ModelRunner, RowInput
 from decoding.outputs import RequestOutput
 from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
@@ -39,6 +39,10 @@ class EngineLimits:
     max_num_seqs: int
     max_num_batched_tokens: int
     request_timeout: float | None = None
+    kv_cache_bytes: int | None = None  # the KV pool's size; None: every row at full length
+    kv_cache_blocks: int | None = None  # or its size in blocks (tests and benchmarks)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    prefix_caching: bool = True
 
 
 @dataclass
@@ -67,17 +71,26 @@ class Engine:
         ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
         scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
         self.pool = KVPool.for_model(
-            model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device
-        )
+            model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
+            memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
+            prefix_caching=limits.prefix_caching,
+        )  # fmt: skip
+        longest = self.pool.blocks_for(limits.max_model_len + scratch)
+        if self.pool.blocks.num_blocks < longest:
+            raise ValueError(
+                f"--kv-cache-memory holds {self.pool.blocks.num_blocks * self.pool.block_size} tokens, fewer than "
+                f"one request of --max-model-len {limits.max_model_len} needs; raise it or lower --max-model-len"
+            )
         self.runner = ModelRunner(model, self.pool, device)
         drafters = {}
         for name, assistant in (assistants or {}).items():
             model_, tokenizer_, eos_ = assistant if isinstance(assistant, tuple) else (assistant, None, None)
             drafters[name] = make_assistant(
-                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + scratch, device, tokenizer_, eos_
-            )
+                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + scratch, device, tokenizer_, eos_,
+                num_blocks=2 * self.pool.blocks.num_blocks,
+            )  # fmt: skip
         self.drafter = Drafter(self.runner, drafters, set(eos_token_ids), tokenizer)
-        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens)
+        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer)
         self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
         self.ctx = EngineContext.for_model(
@@ -129,7 +142,7 @@ class Engine:
             request.start_time = now
             self.observer.on_admitted(request.strategy.name, now - request.arrival_time, len(request.prompt_ids))
         self._draft()
-        batch = self._plan()
+        batch = self._make_room(self._plan())
         if batch:
             batch, logits = self._forward(batch)
             self._sample(self._consume(batch, logits))
@@ -151,8 +164,11 @@ class Engine:
             return
         try:
             self.drafter.draft(jobs)
-        except Exception:  # drafting is an optimisation: without drafts every row still decodes
-            logger.exception("drafting failed; this step runs without drafts")
+        except Exception as exc:  # drafting is an optimisation: without drafts every row still decodes
+            if isinstance(exc, OutOfBlocksError):  # the planned rows get their blocks first
+                logger.debug("no KV blocks for drafts; this step runs without drafts")
+            else:
+                logger.exception("drafting failed; this step runs without drafts")
             for job in jobs:
                 job.spec.drafts = []
 
@@ -166,6 +182,14 @@ class Engine:
             batch.append(_Fed(request, chunk, True))
             budget -= len(chunk.token_ids)
         return batch
+
+    def _make_room(self, batch: list[_Fed]) -> list[_Fed]:
+        """Every row of the step gets the blocks it writes; preempted requests leave the step."""
+        while (too_big := self.scheduler.make_room([(f.request, f.row_input) for f in batch])) is not None:
+            self._fail(too_big, f"the KV cache ({self.pool.blocks.num_blocks} blocks) cannot hold this request; "
+                                "raise --kv-cache-memory")  # fmt: skip
+        running = {id(request) for request in self.scheduler.running}
+        return [fed for fed in batch if id(fed.request) in running]
 
     def _forward(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
         started = time.perf_counter()

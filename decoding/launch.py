@@ -22,7 +22,9 @@ from decoding.client_api import ServedModel
 from decoding.config import EngineConfig
 from decoding.custom_loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine import Engine, EngineLimits
+from decoding.kv_memory import kv_cache_bytes
 from decoding.loading import LoadedModel, load_model
+from decoding.paged_attention import native_available
 from decoding.telemetry import EngineObserver
 from decoding.validation import ModelFacts
 from decoding.weight_layout import pack_linears
@@ -30,12 +32,11 @@ from decoding.worker import Worker
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_MODEL_LEN = 2048  # keeps the default KV pool small on a laptop; raise with --max-model-len
-
 
 def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) -> int:
+    """The model's own context unless set: the paged cache holds only the tokens rows really have."""
     if config.max_model_len is None:
-        return min(max_position_embeddings, DEFAULT_MAX_MODEL_LEN)
+        return max_position_embeddings
     if config.max_model_len > max_position_embeddings:
         raise ValueError(
             f"--max-model-len {config.max_model_len} exceeds the model's max_position_embeddings "
@@ -109,6 +110,9 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         request_timeout=config.request_timeout,
+        kv_cache_bytes=kv_cache_bytes(config.kv_cache_memory),
+        block_size=config.block_size,
+        prefix_caching=config.prefix_caching,
     )
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
     engine = Engine(
@@ -128,11 +132,16 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         custom_methods=custom_methods,
     )
     logger.info(
-        "engine ready: model=%s max_model_len=%d slots=%d kv_pool=%.0f MiB",
+        "engine ready: model=%s max_model_len=%d max_num_seqs=%d kv_cache=%.0f MiB (%d blocks of %d, "
+        "prefix caching %s, paged attention %s)",
         loaded.served_name,
         max_model_len,
         config.max_num_seqs,
         engine.pool.nbytes() / 2**20,
+        engine.pool.blocks.num_blocks,
+        engine.pool.block_size,
+        "on" if config.prefix_caching else "off",
+        "native" if native_available() else "gathering (no C compiler)",
     )
     return engine, _Built(loaded, max_model_len, assistants, custom_methods)
 

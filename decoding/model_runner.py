@@ -76,6 +76,8 @@ class ModelRunner:
             first = len(keep)
             keep.extend(range(offset + row.logits_from, offset + len(row.token_ids)))
             kept_ranges[i] = (first, len(keep))
+        for seg in segments:  # grow block tables, copy shared blocks about to be written (no-op if planned)
+            self.pool.prepare(seg.slot, seg.start, seg.start + seg.length)
         layout = StepLayout(self.pool, segments, self.device)
         input_ids = torch.tensor([flat_ids], dtype=torch.long, device=self.device)  # [1, num_tokens]
         if not keep:

@@ -56,6 +56,7 @@ class RequestOutput:
     request_id: str
     deltas: list[SequenceDelta] = field(default_factory=list)
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     num_generated_tokens: int = 0  # over all choices, so far
     # speculative decoding, over all choices so far: draft tokens proposed, and those the target kept
     num_draft_tokens: int = 0

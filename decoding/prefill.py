@@ -1,6 +1,7 @@
 """The prompt, fed in chunks the same way for every strategy, then handed to the strategy once.
 
-A request's prompt is written into its strategy's prefill slot over as many steps as the token
+A request's prompt is written into its strategy's prefill slot (after the blocks the prefix cache
+already held for it, ``Scheduler._start``) over as many steps as the token
 budget needs (chunked prefill); logits are asked for only at the last prompt position, or at
 every position when the user wants prompt logprobs (``echo`` with ``logprobs``). When the last
 chunk is in, the strategy's ``start`` gets the logits that predict the first generated token.
@@ -32,6 +33,8 @@ def consume_chunk(request: Request, chunk: RowInput, logits: torch.Tensor, token
     if request.params.prompt_logprobs is not None:
         _collect_prompt_logprobs(request, chunk.start, logits, token_text)
     request.num_prefilled += len(chunk.token_ids)
+    # full blocks of the prompt so far serve later requests with the same start (prefix caching)
+    request.strategy.ctx.pool.register(chunk.slot, request.prompt_ids[: request.num_prefilled])
     request.strategy.consume_prompt_chunk(chunk)
     return request.strategy.start(logits[-1], chunk) if request.prefill_done else []
 

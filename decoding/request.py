@@ -106,6 +106,7 @@ class Request:
     start_time: float | None = None  # admission; HF's max_time counts from here
     first_token_time: float | None = None
     num_prefilled: int = 0  # prompt tokens whose K/V are written into the prefill slot
+    num_cached_tokens: int = 0  # prompt tokens the prefix cache supplied (OpenAI's cached_tokens)
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
     error: str | None = None
@@ -151,6 +152,7 @@ class Request:
             self.request_id,
             deltas=deltas,
             num_prompt_tokens=len(self.prompt_ids),
+            num_cached_tokens=self.num_cached_tokens,
             num_generated_tokens=self.num_generated,
             num_draft_tokens=sum(row.num_draft_tokens for row in self.rows),
             num_accepted_draft_tokens=sum(row.num_accepted_draft_tokens for row in self.rows),

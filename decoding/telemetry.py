@@ -22,6 +22,12 @@ class EngineObserver:
 
     def on_step(self, num_rows: int, num_running: int, num_waiting: int, kv_usage: float) -> None: ...
 
+    def on_prefix_cache(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        """A prompt of ``num_queried_tokens`` looked up in the prefix cache; ``num_hit_tokens`` were there."""
+
+    def on_preempted(self) -> None:
+        """A running request gave its KV blocks back (swapped out) because the pool ran out."""
+
     def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
         """One verification of ``num_drafted`` draft tokens by ``proposer`` (an assistant's name,
         ``prompt_lookup`` or ``early_exit``), of which the first ``num_accepted`` were kept."""

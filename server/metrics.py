@@ -25,9 +25,12 @@ METRIC_DOCS = {
     "decoda_inter_token_latency_seconds": "gap between consecutive tokens of one sequence (histogram; strategy)",
     "decoda_e2e_request_latency_seconds": "arrival to last token (histogram; strategy)",
     "decoda_request_queue_time_seconds": "arrival to admission into the batch (histogram; strategy)",
-    "decoda_num_requests_running": "requests holding KV slots (gauge)",
-    "decoda_num_requests_waiting": "requests queued for slots (gauge)",
-    "decoda_kv_cache_usage_perc": "fraction of KV slots in use, 0..1 (gauge)",
+    "decoda_num_requests_running": "requests in the running batch (gauge)",
+    "decoda_num_requests_waiting": "requests queued for KV blocks, preempted ones included (gauge)",
+    "decoda_kv_cache_usage_perc": "fraction of KV blocks held by running requests, 0..1 (gauge)",
+    "decoda_prefix_cache_queries_total": "prompt tokens looked up in the prefix cache (counter)",
+    "decoda_prefix_cache_hits_total": "prompt tokens the prefix cache supplied (counter)",
+    "decoda_num_preemptions_total": "running requests swapped out because KV blocks ran out (counter)",
     "decoda_prompt_tokens_total": "prompt tokens admitted (counter; strategy)",
     "decoda_generation_tokens_total": "tokens generated (counter; strategy)",
     "decoda_request_success_total": "finished requests (counter; finished_reason stop|length|abort|error, strategy)",
@@ -95,6 +98,11 @@ class Metrics(EngineObserver):
             "decoda_spec_accepted_length", doc("decoda_spec_accepted_length"), ["assistant"],
             buckets=(0, 1, 2, 3, 4, 6, 8, 12, 16, 24, 32), registry=r,
         )  # fmt: skip
+        self.prefix_queries = Counter(
+            "decoda_prefix_cache_queries", doc("decoda_prefix_cache_queries_total"), registry=r
+        )
+        self.prefix_hits = Counter("decoda_prefix_cache_hits", doc("decoda_prefix_cache_hits_total"), registry=r)
+        self.preemptions = Counter("decoda_num_preemptions", doc("decoda_num_preemptions_total"), registry=r)
         self.http_requests = Counter(
             "decoda_http_requests", doc("decoda_http_requests_total"), ["route", "status"], registry=r
         )
@@ -123,6 +131,13 @@ class Metrics(EngineObserver):
         self.running.set(num_running)
         self.waiting.set(num_waiting)
         self.kv_usage.set(kv_usage)
+
+    def on_prefix_cache(self, num_queried_tokens: int, num_hit_tokens: int) -> None:
+        self.prefix_queries.inc(num_queried_tokens)
+        self.prefix_hits.inc(num_hit_tokens)
+
+    def on_preempted(self) -> None:
+        self.preemptions.inc()
 
     def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
         self.spec_drafted.labels(proposer).inc(num_drafted)

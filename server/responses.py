@@ -32,12 +32,14 @@ class Collected:
 
     choices: dict[int, ChoiceState] = field(default_factory=dict)
     num_prompt_tokens: int = 0
+    num_cached_tokens: int = 0
     num_generated_tokens: int = 0
     prompt_logprobs: list[TokenLogprob] | None = None
     drafts: tuple[int, int] = (0, 0)  # speculative decoding: (proposed, accepted), cumulative
 
     def add(self, output: RequestOutput) -> None:
         self.num_prompt_tokens = output.num_prompt_tokens
+        self.num_cached_tokens = output.num_cached_tokens
         self.num_generated_tokens = output.num_generated_tokens
         self.drafts = (output.num_draft_tokens, output.num_accepted_draft_tokens)
         if output.prompt_logprobs is not None:
@@ -57,16 +59,19 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, drafts: tuple[int, int] = (0, 0)) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, drafts: tuple[int, int] = (0, 0), cached: int = 0) -> dict:
     """OpenAI's usage object. A request that speculated also reports its drafts in OpenAI's own
     Predicted Outputs fields, ``completion_tokens_details.accepted_prediction_tokens`` and
     ``rejected_prediction_tokens`` (a client reads its acceptance rate from them; the openai
-    client parses them). Unlike OpenAI's, rejected drafts are not counted in ``completion_tokens``."""
+    client parses them). Unlike OpenAI's, rejected drafts are not counted in ``completion_tokens``.
+    Prompt tokens served from the prefix cache are ``prompt_tokens_details.cached_tokens``, as OpenAI's."""
     body: dict = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if cached:
+        body["prompt_tokens_details"] = {"cached_tokens": cached}
     num_drafted, num_accepted = drafts
     if num_drafted:
         body["completion_tokens_details"] = {
@@ -125,11 +130,13 @@ class _Format:
         self.include_usage = include_usage
         self.created = now()
         self._prompt_tokens: dict[int, int] = {}  # per prompt index, as the stream reports them
+        self._cached_tokens: dict[int, int] = {}  # ... and those the prefix cache supplied
         self._completion_tokens = 0
         self._drafts: dict[int, tuple[int, int]] = {}  # per prompt index: (proposed, accepted) so far
 
     def _count(self, prompt_index: int, output: RequestOutput) -> None:
         self._prompt_tokens[prompt_index] = output.num_prompt_tokens
+        self._cached_tokens[prompt_index] = output.num_cached_tokens
         self._completion_tokens += sum(len(delta.token_ids) for delta in output.deltas)
         self._drafts[prompt_index] = (output.num_draft_tokens, output.num_accepted_draft_tokens)
 
@@ -139,14 +146,16 @@ class _Format:
 
     def usage_chunk(self) -> dict:
         drafts = _sum_drafts(list(self._drafts.values()))
-        return {**self._chunk([]), "usage": usage(sum(self._prompt_tokens.values()), self._completion_tokens, drafts)}
+        prompt, cached = sum(self._prompt_tokens.values()), sum(self._cached_tokens.values())
+        return {**self._chunk([]), "usage": usage(prompt, self._completion_tokens, drafts, cached)}
 
     def _body(self, choices: list[dict], results: list[Collected]) -> dict:
         prompt_tokens = sum(r.num_prompt_tokens for r in results)
         completion_tokens = sum(len(c.token_ids) for r in results for c in r.choices.values())
         drafts = _sum_drafts([r.drafts for r in results])
+        cached = sum(r.num_cached_tokens for r in results)
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
-                "choices": choices, "usage": usage(prompt_tokens, completion_tokens, drafts)}  # fmt: skip
+                "choices": choices, "usage": usage(prompt_tokens, completion_tokens, drafts, cached)}  # fmt: skip
 
     def _extend(self, choice: dict, token_ids: list[int], sequence_score: float | None) -> dict:
         """Serving extensions: ``return_token_ids``, and beam search's ``sequence_score``."""

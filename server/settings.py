@@ -42,9 +42,18 @@ class Settings:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
     compile: bool = field(default=False, metadata={"help": "torch.compile the forward (slow start, faster decode)"})
     max_model_len: int | None = field(
-        default=None, metadata={"help": "prompt + output limit (default min(model, 2048))"}
+        default=None, metadata={"help": "prompt + output limit (default: the model's own context)"}
     )
-    max_num_seqs: int = field(default=16, metadata={"help": "rows (KV slots) in the running batch"})
+    max_num_seqs: int = field(default=64, metadata={"help": "rows (sequences) in the running batch"})
+    kv_cache_memory: str = field(
+        default="0.2",
+        metadata={"help": "KV cache size: a fraction of the memory free after loading (0.2), or bytes (4GiB, 512MB)"},
+    )
+    block_size: int = field(default=16, metadata={"help": "positions per KV cache block"})
+    prefix_caching: bool = field(
+        default=True,
+        metadata={"help": "reuse the KV blocks of prompts seen before (--no-prefix-caching: compute every prompt)"},
+    )
     max_num_batched_tokens: int = field(default=512, metadata={"help": "token budget per forward (prefill chunking)"})
     max_queue: int = field(default=256, metadata={"help": "waiting requests beyond this get 429"})
     request_timeout: float | None = field(default=600.0, metadata={"help": "seconds per request; 0 disables"})
@@ -133,6 +142,9 @@ class Settings:
             compile=self.compile,
             max_model_len=self.max_model_len,
             max_num_seqs=self.max_num_seqs,
+            kv_cache_memory=self.kv_cache_memory,
+            block_size=self.block_size,
+            prefix_caching=self.prefix_caching,
             max_num_batched_tokens=self.max_num_batched_tokens,
             max_queue=self.max_queue,
             request_timeout=self.request_timeout or None,

@@ -130,6 +130,20 @@ class DecodingStrategy(ABC):
             row.slot = None
         return slots
 
+    def held_slots(self) -> list[int]:
+        """Every row of the target's pool this request holds now (preemption swaps them out)."""
+        return [row.slot for row in self.request.rows if row.slot is not None]
+
+    def cached_sequences(self) -> list[tuple[int, list[int]]]:
+        """(row, the tokens whose K/V it holds from position 0): offered to the prefix cache at the end."""
+        return [(row.slot, row.sampling.history[: row.num_cached]) for row in self.request.rows if row.slot is not None]
+
+    @property
+    def reuses_prefix(self) -> bool:
+        """Whether the prompt may start from cached blocks: not when every prompt position's
+        logits are wanted (prompt logprobs), which a cached block does not keep."""
+        return self.request.params.prompt_logprobs is None
+
     @property
     def prefill_slot(self) -> int:
         """The slot the prompt is written into; other rows copy it once it is complete."""

@@ -79,6 +79,13 @@ class BeamRows(DecodingStrategy):
         slots, self.slots = self.slots, []
         return slots
 
+    def held_slots(self) -> list[int]:
+        return list(self.slots)
+
+    def cached_sequences(self) -> list[tuple[int, list[int]]]:
+        """The prompt's blocks (registered as they were prefilled) are what beams share with others."""
+        return []
+
     @property
     def prefill_slot(self) -> int:
         return self.slots[0]

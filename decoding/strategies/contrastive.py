@@ -84,6 +84,12 @@ class ContrastiveDecoding(DecodingStrategy):
         self.searches = {row.index: ContrastiveSearch(params.penalty_alpha, params.top_k) for row in request.rows}
         self._prompt_hidden: list[torch.Tensor] = []  # final hidden states per prompt chunk
 
+    @property
+    def reuses_prefix(self) -> bool:
+        """The degeneration penalty compares against every prompt position's hidden state, which
+        a cached block does not keep: the prompt is always computed (its blocks are still offered)."""
+        return False
+
     def consume_prompt_chunk(self, chunk: RowInput) -> None:
         self._prompt_hidden.append(chunk.hidden[self.ctx.num_layers])
 

@@ -52,6 +52,10 @@ class Drafter:
         self.too_costly = {
             name for name, assistant in assistants.items() if _num_parameters(assistant.runner.model) > target_size
         }
+        # a draft forward's cost in target steps, from the weights it reads (decode is bandwidth-bound)
+        self.relative_cost = {
+            name: _num_parameters(assistant.runner.model) / target_size for name, assistant in assistants.items()
+        }
 
     def draft(self, jobs: list[DraftJob]) -> None:
         """Fill ``job.spec.drafts`` for each job, at most ``job.limit`` drafts each."""
@@ -61,6 +65,7 @@ class Drafter:
             count = spec.length.next(job.limit)
             spec.drafts = []
             spec.draft_seconds = 0.0
+            spec.draft_cost_steps = 0.0
             if count <= 0 or spec.proposer in self.too_costly:
                 continue
             if spec.proposer == PROMPT_LOOKUP:
@@ -77,8 +82,11 @@ class Drafter:
             else:
                 self._draft_same_vocabulary(group, self.assistants[proposer])
             elapsed = time.perf_counter() - started
+            early = proposer == EARLY_EXIT
+            per_forward = exit_layers / self.target.num_layers if early else self.relative_cost[proposer]
             for job, _ in group:
                 job.spec.draft_seconds = elapsed
+                job.spec.draft_cost_steps = per_forward * len(job.spec.drafts)
 
     def _draft_early_exit(self, group: list[tuple[DraftJob, int]], num_layers: int) -> None:
         # the target's own slot: only the last token is new
@@ -189,8 +197,14 @@ def make_assistant(
     device: torch.device,
     tokenizer: object | None = None,
     eos_token_ids: set[int] | None = None,
+    num_blocks: int | None = None,
 ) -> Assistant:
-    pool = KVPool.for_model(model, num_slots=num_slots, max_model_len=max_model_len, device=device)
+    """An assistant with its own paged pool (``num_blocks``; no prefix caching: its rows follow the
+    target's, which already reuses prompts). A pool that runs out only costs drafts."""
+    pool = KVPool.for_model(
+        model, num_slots=num_slots, max_model_len=max_model_len, device=device, num_blocks=num_blocks,
+        prefix_caching=False,
+    )  # fmt: skip
     return Assistant(name, ModelRunner(model, pool, device), pool, tokenizer, set(eos_token_ids or ()))
 
 

@@ -63,6 +63,9 @@ class GuidanceDecoding(PlainDecoding):
         super().assign_slots(slots[:count])
         self.uncond_slots = list(slots[count:])
 
+    def held_slots(self) -> list[int]:
+        return super().held_slots() + [slot for slot in self.uncond_slots if slot is not None]
+
     def release_slots(self) -> list[int]:
         slots = super().release_slots() + [slot for slot in self.uncond_slots if slot is not None]
         self.uncond_slots = [None] * len(self.uncond_slots)

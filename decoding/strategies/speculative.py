@@ -137,6 +137,7 @@ class Speculation:
     assistant_ids: list[int] = field(default_factory=list)  # through-text assistants: their own ids
     text: AssistantText | None = None  # through-text assistants: the target's text as their ids
     draft_seconds: float = 0.0  # what this step's drafting took (shared by rows drafted together)
+    draft_cost_steps: float = 0.0  # the same, estimated from the weights read: independent of load
     draft_probs: list = field(default_factory=list)  # sampled drafts: q per draft, [vocab_size] each
 
     def rollback(self, history_length: int) -> None:
@@ -257,8 +258,15 @@ class SpeculativeDecoding(PlainDecoding):
         row.num_draft_tokens += num_drafts  # reported per request (usage.completion_tokens_details)
         row.num_accepted_draft_tokens += accepted
         spec.rollback(len(row.sampling.history) - 1)
-        step_seconds = self.ctx.step_seconds
-        spec.length.update(num_drafts, accepted, spec.draft_seconds / step_seconds if step_seconds else 0.0)
+        # A seeded request must draw the same tokens whatever the machine's load, and how many drafts
+        # it proposes decides how many random numbers it uses: its back-off weighs the estimated cost,
+        # never a measured one.
+        if row.sampling.params.seed is not None:
+            cost = spec.draft_cost_steps
+        else:
+            step_seconds = self.ctx.step_seconds
+            cost = spec.draft_seconds / step_seconds if step_seconds else 0.0
+        spec.length.update(num_drafts, accepted, cost)
         self.ctx.observer.on_speculation(spec.proposer, num_drafts, accepted)
 
     def release(self) -> None:
