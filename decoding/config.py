@@ -10,6 +10,7 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"  # short name, local HF folder, .gguf file, or hub id
     served_model_name: str | None = None  # defaults to the short name / folder or file name
     dtype: str = "float32"  # float32 | bfloat16 | float16
+    quantization: str = "none"  # none | gguf | int8 | int4 (decoding/quantization)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model's forward
     max_model_len: int | None = None  # default: the model's max_position_embeddings

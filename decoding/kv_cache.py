@@ -261,5 +261,5 @@ class KVPool:
 def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` positions."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * block_size * element

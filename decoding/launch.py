@@ -99,6 +99,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         device=config.device,
         cache_dir=config.cache_dir,
         attn_implementation=register_attention(),
+        quantization=config.quantization,
     )
     model = loaded.model
     prepare_forward(model, compile=config.compile)
@@ -157,7 +158,7 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
     for name, spec in config.assistant_models:
         loaded = load_model(
             spec, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir,
-            attn_implementation=register_attention(),
+            attn_implementation=register_attention(), quantization=config.quantization,
         )  # fmt: skip
         name = name or loaded.served_name
         through_text = loaded.tokenizer.get_vocab() != target_vocab

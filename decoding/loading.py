@@ -33,6 +33,7 @@ from decoding.model_registry import (
     expected_sha256,
     gguf_parts,
 )
+from decoding.quantization import quantize_model
 
 logger = logging.getLogger(__name__)
 
@@ -80,22 +81,31 @@ def load_model(
     device: str = "cpu",
     cache_dir: str | None = None,
     attn_implementation: str | None = None,
+    quantization: str = "none",
 ) -> LoadedModel:
-    """Load ``name_or_path`` (short name, .gguf file, HF folder or hub id) ready for inference."""
+    """Load ``name_or_path`` (short name, .gguf file, HF folder or hub id) ready for inference.
+
+    ``quantization`` (``decoding.quantization``): ``gguf`` keeps a GGUF source's own blocks,
+    ``int8``/``int4`` quantize the float weights; the linears and embeddings are swapped in place.
+    """
     torch_dtype = _torch_dtype(dtype)
     _check_device(device)
     cache_root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "decoda"
     options = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    gguf_source: Path | None = None  # the GGUF file behind the weights, for --quantization gguf
     try:
         if name_or_path in PACKAGED_MODELS:
             served_name = name_or_path
             folder = _packaged_folder(PACKAGED_MODELS[name_or_path], cache_root)
             model, tokenizer = _load_folder(folder, options)
+            if quantization == "gguf":
+                gguf_source = _packaged_gguf(PACKAGED_MODELS[name_or_path], cache_root)
         elif Path(name_or_path).expanduser().is_file() and name_or_path.endswith(".gguf"):
             gguf = Path(name_or_path).expanduser().resolve()
             served_name = gguf.stem
             folder = converted_folder(gguf.stem, [gguf], cache_root)
             model, tokenizer = _load_folder(folder, options)
+            gguf_source = gguf
         elif Path(name_or_path).expanduser().is_dir():
             folder = Path(name_or_path).expanduser().resolve()
             served_name = folder.name
@@ -108,6 +118,7 @@ def load_model(
                 f"could not load model {name_or_path!r}: no such file or folder, and not a known short "
                 f"name ({_short_names()})"
             )
+        quantize_model(model, quantization, gguf_path=gguf_source)
     except ModelLoadError:
         raise
     except Exception as error:
@@ -150,6 +161,26 @@ def _packaged_folder(packaged: PackagedModel, cache_root: Path) -> Path:
     except ModelPackageMissing as error:
         raise ModelLoadError(str(error)) from error
     return converted_folder(packaged.short_name, parts, cache_root, gguf_name=packaged.gguf_name, sha256=sha256)
+
+
+def _packaged_gguf(packaged: PackagedModel, cache_root: Path) -> Path:
+    """The packaged GGUF as one file: the installed file, or its chunks assembled once into the cache."""
+    parts = gguf_parts(packaged)
+    if len(parts) == 1:
+        return parts[0]
+    final = cache_root / "gguf" / f"{packaged.short_name}-{cache_key(parts)}.gguf"
+    if not final.is_file():
+        tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=_made(final.parent)))
+        try:
+            os.replace(_assemble(parts, tmp / "source" / final.name, expected_sha256(packaged)), final)
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final
+
+
+def _made(folder: Path) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
 
 
 def cache_key(parts: list[Path]) -> str:

@@ -56,7 +56,6 @@ class RequestOutput:
     request_id: str
     deltas: list[SequenceDelta] = field(default_factory=list)
     num_prompt_tokens: int = 0
-    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache
     num_generated_tokens: int = 0  # over all choices, so far
     # speculative decoding, over all choices so far: draft tokens proposed, and those the target kept
     num_draft_tokens: int = 0
@@ -68,3 +67,4 @@ class RequestOutput:
     # draining past its deadline, HTTP 503: the client may retry elsewhere) or "invalid_request"
     # (the request's own knobs broke it, e.g. scores overflowing to inf: HTTP 400)
     error_code: str = "internal"
+    num_cached_tokens: int = 0  # prompt tokens whose K/V came from the prefix cache

@@ -39,6 +39,10 @@ class Settings:
     port: int = field(default=8000, metadata={"help": "TCP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in /v1/models (default: short name)"})
     dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    quantization: str = field(
+        default="none",
+        metadata={"help": "none | gguf (a GGUF model's own blocks) | int8 | int4 (weight-only, made at load)"},
+    )
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
     compile: bool = field(default=False, metadata={"help": "torch.compile the forward (slow start, faster decode)"})
     max_model_len: int | None = field(
@@ -138,6 +142,7 @@ class Settings:
             model=self.model,
             served_model_name=self.served_model_name,
             dtype=self.dtype,
+            quantization=self.quantization,
             device=self.device,
             compile=self.compile,
             max_model_len=self.max_model_len,
@@ -174,6 +179,7 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
 # flags given several times; comma-joined like env and yaml
 REPEATABLE = ("assistant_model", "api_key", "custom_generate")
 LOG_FORMATS = ("text", "json")
+QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
 
 
 def env_name(name: str) -> str:
@@ -277,6 +283,8 @@ def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str
         elif f.name in from_file:
             values[f.name] = _convert(kind, from_file[f.name], f"{path}:{f.name}")
     settings = Settings(**values)
+    if settings.quantization not in QUANTIZATION_MODES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {settings.quantization!r}")
     if settings.log_format not in LOG_FORMATS:
         raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {settings.log_format!r}")
     for name in ("max_request_bytes", "max_concurrency_per_key"):
