@@ -209,4 +209,10 @@ def make_assistant(
 
 
 def _num_parameters(model: torch.nn.Module) -> int:
-    return sum(p.numel() for p in model.parameters())
+    """Weights the model reads per token, whatever their layout: a packed or quantized linear keeps
+    its matrix outside ``parameters()``, so it counts by its shape."""
+    total = sum(p.numel() for p in model.parameters())
+    for module in model.modules():
+        if "weight" not in module._parameters and hasattr(module, "in_features") and hasattr(module, "out_features"):
+            total += module.in_features * module.out_features
+    return total
