@@ -42,7 +42,7 @@ class GgufWeights:
     def rows_sample(self, num_rows: int) -> torch.Tensor:
         """A few row numbers (ends, middle, spread) for checking a tensor against transformers' copy."""
         picks = {0, 1, num_rows // 3, num_rows // 2, (2 * num_rows) // 3 + 1, num_rows - 2, num_rows - 1}
-        return torch.tensor(sorted(p for p in picks if 0 <= p < num_rows))
+        return torch.tensor(sorted(p for p in picks if 0 <= p < num_rows), device="cpu")  # the file is read on the CPU
 
     def block_type(self, hf_name: str) -> GGMLQuantizationType | None:
         """The tensor's GGUF type; None when the file has no such tensor."""

@@ -49,7 +49,7 @@ class Int4Matrix:
         self.scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(ACT_DTYPE).contiguous()  # [K'/32, N, 2]
         self.input_scale = None
         if self.plan == PAIRED16:
-            ones = torch.ones(self.in_features // 16, 1, 16)
+            ones = torch.ones(self.in_features // 16, 1, 16, device=nibbles.device)
             self.input_scale = torch.cat([ones, 16 * ones], dim=1).reshape(-1).to(ACT_DTYPE)  # [K']
         # Rows for an embedding lookup, read back from ``packed`` with the file's exact scales.
         self.packed_rows = PackedRows(self.packed, nibbles) if lookup else None

@@ -69,7 +69,7 @@ class QuantizedEmbedding(nn.Module):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         rows = self.matrix.rows(input_ids.reshape(-1)).to(self.dtype)
         if self.embed_scale is not None:
-            rows = rows * torch.tensor(self.embed_scale, dtype=self.dtype)
+            rows = rows * torch.tensor(self.embed_scale, dtype=self.dtype, device=rows.device)
         return rows.reshape(*input_ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:

@@ -32,7 +32,8 @@ class PackedRows:
         self.block_bytes = PERIOD * width // 2
         self.flat = packed.view(-1)
         self.tail = codes[self.whole_rows :].to(torch.uint8)  # [N % PERIOD, K]
-        sample = torch.unique(torch.tensor([0, 1, PERIOD - 1, num_rows // 2, self.whole_rows - 1, num_rows - 1]))
+        sample = torch.tensor([0, 1, PERIOD - 1, num_rows // 2, self.whole_rows - 1, num_rows - 1], device=codes.device)
+        sample = torch.unique(sample)
         sample = sample[(sample >= 0) & (sample < num_rows)]
         if not torch.equal(self.rows(sample), codes[sample].to(torch.uint8)):
             raise RuntimeError("the int4 packed layout of this PyTorch build is not the probed one")
@@ -55,19 +56,22 @@ class PackedRows:
         return sum(t.numel() * t.element_size() for t in (self.offset, self.shift, self.tail))
 
 
+CPU = torch.device("cpu")  # the layout probed is that of PyTorch's CPU int4 kernel
+
+
 def _probe(width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Where code ``(r, k)`` of a ``PERIOD``-row block lands: byte offset and shift (0 or 4)."""
-    position = torch.arange(PERIOD * width, dtype=torch.int64).reshape(PERIOD, width)
+    position = torch.arange(PERIOD * width, dtype=torch.int64, device=CPU).reshape(PERIOD, width)
     digits = (PERIOD * width - 1).bit_length() // 4 + 1
-    low = torch.zeros(PERIOD * width // 2, dtype=torch.int64)
+    low = torch.zeros(PERIOD * width // 2, dtype=torch.int64, device=CPU)
     high = torch.zeros_like(low)
     for digit in range(digits):
         packed = pack_int4((position >> (4 * digit)) & 0x0F).view(-1).to(torch.int64)
         low |= (packed & 0x0F) << (4 * digit)
         high |= (packed >> 4) << (4 * digit)
-    offset = torch.empty(PERIOD * width, dtype=torch.int64)
-    shift = torch.empty(PERIOD * width, dtype=torch.uint8)
-    byte = torch.arange(PERIOD * width // 2, dtype=torch.int64)
+    offset = torch.empty(PERIOD * width, dtype=torch.int64, device=CPU)
+    shift = torch.empty(PERIOD * width, dtype=torch.uint8, device=CPU)
+    byte = torch.arange(PERIOD * width // 2, dtype=torch.int64, device=CPU)
     offset[low], shift[low] = byte, 0
     offset[high], shift[high] = byte, 4
     return offset.reshape(PERIOD, width).to(torch.int32), shift.reshape(PERIOD, width)
