@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("paged_decode.c")
 # -march=native unless an image builder names a portable target (the Dockerfile: x86-64-v3)
 MARCH = os.environ.get("DECODA_KERNEL_MARCH", "native")
-FLAGS = ["-O3", f"-march={MARCH}", "-fopenmp-simd", "-fPIC", "-shared", "-pthread"]
+FLAGS = ["-O3", f"-march={MARCH}", "-fopenmp", "-fPIC", "-shared"]
 
 _library: list[ctypes.CDLL | None] = []  # loaded once per process; [None] when unavailable
 

@@ -63,18 +63,24 @@ async def ttft(client: AsyncOpenAI, model: str, prompt: str) -> float:
     return first if first is not None else time.perf_counter() - started
 
 
+async def prefix_rounds(port: int, rounds: int) -> tuple[list[float], list[float]]:
+    client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
+    cold, warm = [], []
+    for round_ in range(rounds):
+        rng = random.Random(round_)
+        prefix = " ".join(rng.choice(WORDS) for _ in range(1500))  # ~1,500 tokens, new every round
+        cold.append(await ttft(client, "smollm2-135m-instruct", prefix + " Question one?"))
+        warm.append(await ttft(client, "smollm2-135m-instruct", prefix + " Another question?"))
+        print(f"prefix round {round_}: cold TTFT {cold[-1]:.3f} s, warm {warm[-1]:.3f} s", flush=True)
+    await client.close()
+    return cold, warm
+
+
 def prefix_part(logs: Path, rounds: int) -> None:
     port = free_port()
     proc = start(decoda(port), port, logs / "decoda-prefix.log")
     try:
-        client = AsyncOpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=600)
-        cold, warm = [], []
-        for round_ in range(rounds):
-            rng = random.Random(round_)
-            prefix = " ".join(rng.choice(WORDS) for _ in range(1500))  # ~1,500 tokens, new every round
-            cold.append(asyncio.run(ttft(client, "smollm2-135m-instruct", prefix + " Question one?")))
-            warm.append(asyncio.run(ttft(client, "smollm2-135m-instruct", prefix + " Another question?")))
-            print(f"prefix round {round_}: cold TTFT {cold[-1]:.3f} s, warm {warm[-1]:.3f} s", flush=True)
+        cold, warm = asyncio.run(prefix_rounds(port, rounds))
         ratio = statistics.median(w / c for w, c in zip(warm, cold, strict=True))
         print(f"PREFIX: cold TTFT p50 {statistics.median(cold):.3f} s, warm {statistics.median(warm):.3f} s, "
               f"warm/cold {ratio:.1%} (goal <= 10%)")  # fmt: skip
