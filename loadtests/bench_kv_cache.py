@@ -95,6 +95,9 @@ def concurrency_part(logs: Path, per_client: int) -> None:
                                                                                  "--no-prefix-caching"))):
         proc = start(decoda(port, *flags), port, logs / "decoda-concurrency.log")
         try:
+            warmup = loadgen_parser().parse_args(["--url", f"http://127.0.0.1:{port}", "--concurrency", "1",
+                                                  "--requests", "1", "--max-tokens", "8"])  # fmt: skip
+            asyncio.run(run_load(warmup))  # nobody pays lazy initialisation inside the measurement
             for concurrency in (16, 48):
                 load = loadgen_parser().parse_args(["--url", f"http://127.0.0.1:{port}", "--concurrency",
                                                     str(concurrency), "--requests", str(concurrency * per_client),
