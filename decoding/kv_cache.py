@@ -90,7 +90,6 @@ class KVPool:
         """A pool shaped for ``model``'s layers and K/V heads, in its dtype: ``num_blocks`` blocks, or
         as many as ``memory_bytes`` hold, or by default enough for every row at full length."""
         config = model.config.get_text_config()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         dtype = next(model.parameters()).dtype
         if num_blocks is None:
             if memory_bytes is not None:
@@ -104,7 +103,7 @@ class KVPool:
             num_layers=config.num_hidden_layers,
             num_blocks=num_blocks,
             num_kv_heads=config.num_key_value_heads,
-            head_dim=head_dim,
+            head_dim=_head_dim(config),
             max_model_len=max_model_len,
             dtype=dtype,
             device=device,
@@ -260,6 +259,8 @@ class KVPool:
 
 def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` positions."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    element = dtype.itemsize
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * block_size * element
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * block_size * dtype.itemsize
+
+
+def _head_dim(config: object) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
