@@ -25,6 +25,7 @@ from decoding.engine import Engine, EngineLimits
 from decoding.kv_memory import kv_cache_bytes
 from decoding.loading import LoadedModel, load_model
 from decoding.paged_attention import native_available
+from decoding.regional_compile import compile_layers, warm_up
 from decoding.telemetry import EngineObserver
 from decoding.validation import ModelFacts
 from decoding.weight_layout import pack_linears
@@ -46,9 +47,9 @@ def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) ->
 
 
 def prepare_forward(model: torch.nn.Module, *, compile: bool) -> None:
-    """Compile the forward, or pack the linears: inductor cannot trace oneDNN-packed weights."""
+    """Compile the decoder layers, or pack the linears: inductor cannot trace oneDNN-packed weights."""
     if compile:
-        model.forward = torch.compile(model.forward, dynamic=True)
+        compile_layers(model)
     else:
         pack_linears(model)
 
@@ -132,6 +133,9 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         },
         custom_methods=custom_methods,
     )
+    if config.compile:
+        seconds = warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
+        logger.info("compiled the decoder layers in %.0f s, before serving", seconds)
     logger.info(
         "engine ready: model=%s max_model_len=%d max_num_seqs=%d kv_cache=%.0f MiB (%d blocks of %d, "
         "prefix caching %s, paged attention %s)",

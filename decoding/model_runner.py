@@ -19,6 +19,7 @@ import torch
 
 from decoding.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.kv_cache import KVPool
+from decoding.regional_compile import is_compiled
 
 
 class _ExitReached(Exception):
@@ -50,7 +51,7 @@ class ModelRunner:
         self.device = device
         self.decoder = model.get_decoder()
         self.num_layers = len(self.decoder.layers)
-        self.compiled = hasattr(model.forward, "_torchdynamo_orig_callable")
+        self.compiled = is_compiled(model)
 
     @torch.inference_mode()
     def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:

@@ -99,6 +99,8 @@ def own_remaining_tensors(model: nn.Module) -> None:
         for param in model.parameters():
             param.data = param.data.clone()
         for module in model.modules():
+            if getattr(module, "owns_its_tensors", False):  # low-bit matrices: built, not mapped
+                continue
             for name, buffer in list(module._buffers.items()):
                 if buffer is not None:
                     module._buffers[name] = buffer.clone()

@@ -14,6 +14,10 @@ server does (``load_model`` + ``prepare_forward``), then:
 
     .venv/bin/python loadtests/bench_quantization.py                 # every mode
     .venv/bin/python loadtests/bench_quantization.py --modes gguf,int8 --threads 2
+    .venv/bin/python loadtests/bench_quantization.py --modes gguf,gguf+compile --no-quality
+
+``+compile`` modes run the decoder layers compiled (``--compile``); module hooks would break their
+graphs, so they report the whole step and the forward only, and no quality (same weights).
 
 The machine is shared and drifts 15-30% over minutes: compare the modes of one run, as ratios.
 """
@@ -29,13 +33,16 @@ import tempfile
 import time
 from pathlib import Path
 
-MODES = {  # name: (dtype, quantization)
-    "float32": ("float32", "none"),
-    "bfloat16": ("bfloat16", "none"),
-    "gguf": ("float32", "gguf"),
-    "int8": ("float32", "int8"),
-    "int4": ("float32", "int4"),
+MODES = {  # name: (dtype, quantization, --compile)
+    "float32": ("float32", "none", False),
+    "bfloat16": ("bfloat16", "none", False),
+    "gguf": ("float32", "gguf", False),
+    "int8": ("float32", "int8", False),
+    "int4": ("float32", "int4", False),
+    "float32+compile": ("float32", "none", True),
+    "gguf+compile": ("float32", "gguf", True),
 }
+DEFAULT_MODES = "float32,bfloat16,gguf,int8,int4"
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -74,22 +81,22 @@ def run_mode(name: str, threads: int, out_dir: Path, quality: bool = True) -> di
     from decoding.loading import load_model
 
     torch.set_num_threads(threads)
-    dtype, quantization = MODES[name]
+    dtype, quantization, compiled = MODES[name]
     start = time.perf_counter()
     loaded = load_model("smollm2-135m-instruct", dtype=dtype, quantization=quantization, attn_implementation="sdpa")
-    prepare_forward(loaded.model, compile=False)
+    prepare_forward(loaded.model, compile=compiled)
     result: dict = {"mode": name, "load_s": time.perf_counter() - start, "rss_loaded_mb": rss_mb()}
     loaded.model.set_attn_implementation(register_attention())  # the engine's attention for the steps
-    result["profile"] = {rows: profile_steps(loaded, rows) for rows in (1, 16)}
+    result["profile"] = {rows: profile_steps(loaded, rows, hooks=not compiled) for rows in (1, 16)}
     loaded.model.set_attn_implementation("sdpa")  # transformers' own for generate() and the text
     result["rss_after_mb"] = rss_mb()
-    if quality:
+    if quality and not compiled:
         result["greedy"] = greedy_continuations(loaded)
         result["logprobs_file"] = str(text_logprobs(loaded, out_dir / f"{name}.pt"))
     return result
 
 
-def profile_steps(loaded, rows: int, steps: int = 24) -> dict:  # noqa: ANN001
+def profile_steps(loaded, rows: int, steps: int = 24, hooks: bool = True) -> dict:  # noqa: ANN001
     """Mean ms per decode step, split by module hooks, through the engine as the server runs it."""
     import torch
 
@@ -100,7 +107,7 @@ def profile_steps(loaded, rows: int, steps: int = 24) -> dict:  # noqa: ANN001
     spent = {"linears": 0.0, "attention": 0.0, "forward": 0.0}
     inside_attention = {"linears": 0.0}
     depth = {"attention": 0}
-    hooks = []
+    handles = []
 
     def timed(module, key: str) -> None:  # noqa: ANN001
         def pre(*_: object) -> None:
@@ -116,10 +123,10 @@ def profile_steps(loaded, rows: int, steps: int = 24) -> dict:  # noqa: ANN001
             elif key == "linears" and depth["attention"]:
                 inside_attention["linears"] += elapsed
 
-        hooks.append(module.register_forward_pre_hook(pre))
-        hooks.append(module.register_forward_hook(post))
+        handles.append(module.register_forward_pre_hook(pre))
+        handles.append(module.register_forward_hook(post))
 
-    for module in model.modules():
+    for module in model.modules() if hooks else ():
         kind = type(module).__name__
         if kind in ("Linear", "PackedLinear", "QuantizedLinear"):
             timed(module, "linears")
@@ -143,10 +150,13 @@ def profile_steps(loaded, rows: int, steps: int = 24) -> dict:  # noqa: ANN001
         for _ in range(steps):
             engine.step()
         total = time.perf_counter() - start
-    for hook in hooks:
-        hook.remove()
+    for handle in handles:
+        handle.remove()
     per_step = {k: v / steps * 1000 for k, v in spent.items()}
     attention = per_step["attention"] - inside_attention["linears"] / steps * 1000
+    if not hooks:  # only the whole forward was timed
+        return {"step_ms": total / steps * 1000, "forward_ms": per_step["forward"],
+                "outside_forward_ms": total / steps * 1000 - per_step["forward"], "tok_s": rows * steps / total}
     return {
         "step_ms": total / steps * 1000,
         "linears_ms": per_step["linears"],
@@ -207,6 +217,9 @@ def compare(results: list[dict]) -> None:
         cells = []
         for rows in ("1", "16"):
             p = r["profile"].get(rows) or r["profile"][int(rows)]
+            if "linears_ms" not in p:
+                cells.append(f"compiled forward {p['forward_ms']:.1f} / {p['outside_forward_ms']:.1f}")
+                continue
             cells.append(
                 f"{p['linears_ms']:.1f} / {p['attention_ms']:.1f} / {p['other_forward_ms']:.1f} / "
                 f"{p['outside_forward_ms']:.1f}"
@@ -221,7 +234,7 @@ def compare(results: list[dict]) -> None:
         "mean KL to float32 | perplexity |"
     )
     print("|---|---:|---:|---:|---:|")
-    for r in results:
+    for r in (r for r in results if "logprobs_file" in r):
         data = torch.load(r["logprobs_file"])
         logprobs, ids = data["logprobs"], data["ids"]
         kl = float((ref["logprobs"].exp() * (ref["logprobs"] - logprobs)).sum(-1).mean())
@@ -237,7 +250,7 @@ def compare(results: list[dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}")
+    parser.add_argument("--modes", default=DEFAULT_MODES, help=f"comma-separated, of {', '.join(MODES)}")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--no-quality", action="store_true", help="memory and speed only")
     parser.add_argument("--one", help=argparse.SUPPRESS)  # internal: run one mode, print JSON

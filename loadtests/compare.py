@@ -1,7 +1,8 @@
 """The same load against Decoda and, when installed, its peers, on the same model, in one run.
 
 Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
-- Decoda serving the embedded SmolLM2-135M-Instruct (float32);
+- Decoda serving the embedded SmolLM2-135M-Instruct, once per ``--decoda-modes`` entry: float32
+  (the default), bfloat16, a ``--quantization`` mode (gguf, int8, int4), or gguf+compile;
 - ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
 - llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
   runs quantized (the others run the dequantized float32 weights), in its own virtualenv: the
@@ -11,10 +12,12 @@ Servers (each started as a subprocess on its own loopback port, waited for, meas
 The servers take turns over ``--rounds`` rounds (the order reversed every other round), since
 this machine's speed drifts over minutes; ratios are taken within a round, where both servers
 met the same machine. Writes ``loadtests/results/comparison.md`` (the goals' ratios, the table,
-command, date) and ``comparison.png`` (throughput and TTFT p50 against concurrency). A peer that
-is missing or fails to start is recorded as such, not an error.
+command, date, each server's resident memory after its load) and ``comparison.png`` (throughput
+and TTFT p50 against concurrency). A peer that is missing or fails to start is recorded as such,
+not an error.
 
     .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 3 --rounds 3
+    .venv/bin/python -m loadtests.compare --decoda-modes float32,gguf --servers decoda,llama.cpp --concurrency 1,16
 """
 
 from __future__ import annotations
@@ -43,6 +46,30 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtests" / "results"
 LLAMACPP_ENV = "DECODA_LLAMA_CPP_PYTHON"  # the llama.cpp virtualenv's interpreter, when no flag names it
 DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batching", "llama.cpp server (Q4_1)"
+DECODA_MODES = {  # --decoda-modes entry: Decoda's flags for it
+    "float32": [],
+    "bfloat16": ["--dtype", "bfloat16"],
+    "gguf": ["--quantization", "gguf"],
+    "int8": ["--quantization", "int8"],
+    "int4": ["--quantization", "int4"],
+    "gguf+compile": ["--quantization", "gguf", "--compile"],
+}
+
+
+def decoda_name(mode: str) -> str:
+    """The server's name in the report: plain "decoda" for the float32 default."""
+    return DECODA if mode == "float32" else f"{DECODA} {mode}"
+
+
+def resident_mb(pid: int) -> float | None:
+    """The process's resident set (VmRSS), as ``ps`` and ``top`` show it."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        return None
+    return None
 
 
 def free_port() -> int:
@@ -82,9 +109,10 @@ def without_eos(folder: Path) -> Path:
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
     """(command, model name to request) per server, or a string saying why it cannot run here."""
     commands: dict[str, tuple[list[str], str] | str] = {
-        DECODA: ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
-                    "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024"],
-                   "smollm2-135m-instruct"),
+        decoda_name(mode): ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+                             "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024",
+                             *DECODA_MODES[mode]], "smollm2-135m-instruct")
+        for mode in args.decoda_modes_list
     }  # fmt: skip
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
     folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
@@ -152,6 +180,7 @@ def measure(
             asyncio.run(run_load(warmup))
             summary = asyncio.run(run_load(load))
             summary["server"] = name
+            summary["resident_mb"] = resident_mb(proc.pid)
             rows.append(summary)
             print(f"{name} c={concurrency}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}",
                   flush=True)  # fmt: skip
@@ -212,12 +241,21 @@ def goal_lines(rows: list[dict]) -> list[str]:
             return "not measured"
         return f"**{median(ratios):.2f}x** (rounds: {', '.join(f'{x:.2f}x' for x in ratios)})"
 
-    return [
+    servers = {r["server"] for r in rows}
+    lines = [
         f"- Decoda at concurrency {top} vs Decoda at concurrency {low}: "
         + describe(round_ratios(rows, (DECODA, top), (DECODA, low))),
         f"- Decoda vs transformers serve --continuous-batching at concurrency {top}: "
         + describe(round_ratios(rows, (DECODA, top), (TRANSFORMERS, top))),
     ]
+    for mode in (m for m in DECODA_MODES if m != "float32" and decoda_name(m) in servers):
+        name = decoda_name(mode)
+        for concurrency in sorted({low, top}):
+            lines.append(f"- Decoda {mode} vs Decoda float32 at concurrency {concurrency}: "
+                         + describe(round_ratios(rows, (name, concurrency), (DECODA, concurrency))))  # fmt: skip
+        lines.append(f"- Decoda {mode} vs llama.cpp's server at concurrency {low}: "
+                     + describe(round_ratios(rows, (name, low), (LLAMACPP, low))))  # fmt: skip
+    return lines
 
 
 def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num_rounds: int) -> Path:
@@ -231,8 +269,9 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         f"`{command}`.",
         "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
         "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
-        "tokens/req shows what each server generated). Decoda and transformers serve run the",
-        "dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer bytes).",
+        "tokens/req shows what each server generated). Decoda (unless a mode is named) and transformers serve",
+        "run the dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer",
+        "bytes), as does `decoda gguf` (`--quantization gguf`). Resident MB: the server's VmRSS after the level.",
         f"The servers took turns over {num_rounds} round(s), the order reversed every other round, because this",
         "machine's speed drifts by up to 30% over minutes; tok/s is the median of the rounds (each round's",
         "figure in brackets) and the latencies are those of the median round.",
@@ -240,8 +279,8 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         *(goal_lines(rows) if rows else []),
         "",
         "| server | conc | requests | errors | tokens/req | output tok/s (rounds) | TTFT p50/p95 ms "
-        "| ITL p50/p95 ms | e2e p50/p95 s |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL p50/p95 ms | e2e p50/p95 s | resident MB |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summarize_rounds(rows):
         e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
@@ -249,10 +288,11 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         lines.append(
             f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | "
             f"{r['tokens_per_request']:.0f} | {r['output_tok_s']:.1f} ({each}) | "
-            f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} |"
+            f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} | "
+            f"{'-' if r.get('resident_mb') is None else format(r['resident_mb'], '.0f')} |"
         )
     for name, problem in problems.items():
-        lines.append(f"| {name} | - | - | - | - | {problem} | - | - | - |")
+        lines.append(f"| {name} | - | - | - | - | {problem} | - | - | - | - |")
     path = RESULTS / "comparison.md"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -298,6 +338,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3, help="times each server is measured, taking turns")
     parser.add_argument("--hf-folder", default=None, help="safetensors folder for transformers serve")
     parser.add_argument(
+        "--decoda-modes", default="float32", help=f"comma list of Decoda servers to run: {', '.join(DECODA_MODES)}"
+    )
+    parser.add_argument(
         "--llama-cpp-python",
         "--llamacpp-python",
         default=None,
@@ -310,6 +353,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
+    args.decoda_modes_list = args.decoda_modes.split(",")
+    unknown = [m for m in args.decoda_modes_list if m not in DECODA_MODES]
+    if unknown:
+        raise SystemExit(f"--decoda-modes: unknown {', '.join(unknown)} (choose from {', '.join(DECODA_MODES)})")
     RESULTS.mkdir(parents=True, exist_ok=True)
     log_dir = RESULTS / "logs"
     log_dir.mkdir(exist_ok=True)

@@ -44,7 +44,11 @@ class Settings:
         metadata={"help": "none | gguf (a GGUF model's own blocks) | int8 | int4 (weight-only, made at load)"},
     )
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
-    compile: bool = field(default=False, metadata={"help": "torch.compile the forward (slow start, faster decode)"})
+    compile: bool = field(
+        default=False,
+        metadata={"help": "torch.compile the decoder layers before serving (~30-60 s at start; faster one-row "
+                  "decode, most with --quantization gguf)"},
+    )  # fmt: skip
     max_model_len: int | None = field(
         default=None, metadata={"help": "prompt + output limit (default: the model's own context)"}
     )

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from decoding.quantization.affine import AffineCodes
+from decoding.quantization.matrix_base import MatrixModule
 from decoding.quantization.packed_layout import PackedRows, pack_int4
 
 KERNEL_GROUP = 32  # the kernel's smallest group size (it takes 32, 64, 128 or 256)
@@ -35,29 +36,34 @@ ACT_DTYPE = torch.bfloat16  # the only activation dtype the CPU kernel vectorize
 PLAIN, TWICE, PAIRED16 = "plain", "twice", "paired16"  # how the input is laid out for the packed codes
 
 
-class Int4Matrix:
+class Int4Matrix(MatrixModule):
     """``AffineCodes`` packed for ``_weight_int4pack_mm_for_cpu``; ``matmul(x) = x @ W.T``."""
 
     def __init__(self, weight: AffineCodes, *, lookup: bool = False) -> None:
+        super().__init__()
         self.out_features, self.in_features = weight.shape
         self.source_group = weight.group_size
         self.zero_code = weight.zero_code
         self.plan, nibbles, scale, zero = _layout(weight)
         pad = -self.out_features % ROW_MULTIPLE  # the packer wants whole 16-row tiles; extra rows are zero
         nibbles, scale, zero = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (nibbles, scale, zero))
-        self.packed = pack_int4(nibbles)  # [N, K' / 2] uint8, the kernel's own layout
-        self.scales_and_zeros = torch.stack([scale.t(), zero.t()], dim=-1).to(ACT_DTYPE).contiguous()  # [K'/32, N, 2]
-        self.input_scale = None
+        self.keep("packed", pack_int4(nibbles))  # [N, K' / 2] uint8, the kernel's own layout
+        self.keep("scales_and_zeros", torch.stack([scale.t(), zero.t()], dim=-1).to(ACT_DTYPE).contiguous())
+        input_scale = None  # [K'/32, N, 2] above; [K'] here
         if self.plan == PAIRED16:
             ones = torch.ones(self.in_features // 16, 1, 16, device=nibbles.device)
-            self.input_scale = torch.cat([ones, 16 * ones], dim=1).reshape(-1).to(ACT_DTYPE)  # [K']
+            input_scale = torch.cat([ones, 16 * ones], dim=1).reshape(-1).to(ACT_DTYPE)
+        self.keep("input_scale", input_scale)
         # Rows for an embedding lookup, read back from ``packed`` with the file's exact scales.
         self.packed_rows = PackedRows(self.packed, nibbles) if lookup else None
-        self.exact_scale = _compact(weight.scale) if lookup else None
-        self.exact_offset = _compact(weight.offset) if lookup and weight.offset is not None else None
+        self.keep("exact_scale", _compact(weight.scale) if lookup else None)
+        self.keep("exact_offset", _compact(weight.offset) if lookup and weight.offset is not None else None)
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` bfloat16 → ``[rows, out_features]`` bfloat16."""
+        return self(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.plan == TWICE:
             x = torch.cat([x, x], dim=1)
         elif self.plan == PAIRED16:

@@ -10,20 +10,26 @@ from __future__ import annotations
 
 import torch
 
+from decoding.quantization.matrix_base import MatrixModule
+
 ACT_DTYPE = torch.bfloat16
 
 
-class Int8Matrix:
+class Int8Matrix(MatrixModule):
     """``matmul(x) = x @ (codes * scale).T``; ``rows(ids)`` for a tied embedding."""
 
     def __init__(self, codes: torch.Tensor, scale: torch.Tensor) -> None:
-        self.codes = codes.to(torch.int8).contiguous()  # [out_features, in_features]
-        self.exact_scale = scale.float().contiguous()  # [out_features]
-        self.scale = scale.to(ACT_DTYPE).contiguous()
+        super().__init__()
+        self.keep("codes", codes.to(torch.int8).contiguous())  # [out_features, in_features]
+        self.keep("exact_scale", scale.float().contiguous())  # [out_features]
+        self.keep("scale", scale.to(ACT_DTYPE).contiguous())
         self.out_features, self.in_features = self.codes.shape
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         """``x``: ``[rows, in_features]`` bfloat16 → ``[rows, out_features]`` bfloat16."""
+        return self(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.ops.aten._weight_int8pack_mm(x, self.codes, self.scale)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:

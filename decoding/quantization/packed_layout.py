@@ -39,18 +39,20 @@ class PackedRows:
             raise RuntimeError("the int4 packed layout of this PyTorch build is not the probed one")
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Branch-free (no data-dependent ``if``), so a compiled forward traces it in one graph."""
         ids = ids.to(torch.long)
-        out = torch.empty(len(ids), self.width, dtype=torch.uint8, device=self.flat.device)
-        whole = ids < self.whole_rows
-        if bool(whole.any()):
-            picked = ids[whole]
-            local = picked % PERIOD
-            base = (picked // PERIOD) * self.block_bytes
-            byte = self.flat[self.offset[local] + base[:, None]]
-            out[whole] = (byte >> self.shift[local]) & 0x0F
-        if not bool(whole.all()):
-            out[~whole] = self.tail[ids[~whole] - self.whole_rows]
-        return out
+        if self.whole_rows == 0:
+            return self.tail[ids]
+        whole = (ids < self.whole_rows)[:, None]
+        packed_ids = ids.clamp(max=self.whole_rows - 1)
+        local = packed_ids % PERIOD
+        base = (packed_ids // PERIOD) * self.block_bytes
+        byte = self.flat[self.offset[local] + base[:, None]]
+        from_packed = (byte >> self.shift[local]) & 0x0F
+        if self.tail.shape[0] == 0:
+            return from_packed
+        tail_ids = (ids - self.whole_rows).clamp(min=0, max=self.tail.shape[0] - 1)
+        return torch.where(whole, from_packed, self.tail[tail_ids])
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.offset, self.shift, self.tail))

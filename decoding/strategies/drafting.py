@@ -213,6 +213,8 @@ def _num_parameters(model: torch.nn.Module) -> int:
     its matrix outside ``parameters()``, so it counts by its shape."""
     total = sum(p.numel() for p in model.parameters())
     for module in model.modules():
+        if getattr(module, "owns_its_tensors", False):  # a low-bit matrix: its linear counted it
+            continue
         if "weight" not in module._parameters and hasattr(module, "in_features") and hasattr(module, "out_features"):
             total += module.in_features * module.out_features
     return total

@@ -1,0 +1,85 @@
+"""``--compile`` compiles the decoder layer's forward, not the whole model (``decoding.regional_compile``).
+
+What it promises: the layers share their compiled graphs (one per shape class, not one per layer:
+that is what makes the compile take one layer's time), quantized layers included (their matrices
+reach the graph as buffers); every strategy gives the tokens it gives eagerly, the ones that hook
+into layers (DoLa's and contrastive search's hidden states, early exit) included, since the hooks
+stay outside the compiled forward; and the warm-up the server runs before it serves leaves no
+compile to a request, with guard checks trimmed afterwards. The compiler's backend here is a
+counting pass-through, so the test measures tracing, not codegen.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+
+import pytest
+import torch
+
+import tests.engine_harness as engine_harness
+from decoding.attention import register_attention
+from decoding.params import GenerationParams
+from decoding.quantization import quantize_model
+from decoding.regional_compile import compile_layers, warm_up
+from tests.engine_harness import EngineHarness, tiny_llama
+from tests.test_kv_paged import STRATEGIES
+
+EOS = 2
+VOCAB = 64
+NUM_LAYERS = 4
+
+
+def prompt(seed: int, length: int = 20) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB) for _ in range(length)]
+
+
+def run_all(harness: EngineHarness) -> dict[str, list[list[int]]]:
+    """Every strategy, all in one batch, then greedy alone (single-token steps)."""
+    for name, params in STRATEGIES.items():
+        harness.add(name, prompt(len(name)), params)
+    harness.run()
+    harness.add("alone", prompt(1), GenerationParams(max_new_tokens=8))
+    harness.run()
+    return {
+        name: [harness.token_ids(name, i) for i in range(STRATEGIES[name].n if name in STRATEGIES else 1)]
+        for name in [*STRATEGIES, "alone"]
+    }
+
+
+@pytest.fixture
+def default_stance():
+    yield
+    torch.compiler.set_stance("default")  # warm_up trims guard checks process-wide
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
+    quantization, smollm2_tokenizer, monkeypatch, default_stance
+):
+    model = tiny_llama(VOCAB, seed=5, num_layers=NUM_LAYERS)
+    quantize_model(model, quantization)
+    expected = run_all(EngineHarness(model, smollm2_tokenizer, [EOS]))
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG001
+        graphs.append(graph)
+        return graph.forward
+
+    def served(original: torch.nn.Module) -> torch.nn.Module:
+        ours = copy.deepcopy(original)
+        ours.set_attn_implementation(register_attention())
+        compile_layers(ours, backend=counting_backend)
+        return ours
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(engine_harness, "as_served", served)
+    harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+    assert harness.engine.runner.compiled  # the layout then travels beside the call
+    warm_up(harness.engine, prompt(9))
+    compiled_before_serving = len(graphs)
+    assert run_all(harness) == expected
+    assert 1 <= len(graphs) < NUM_LAYERS, f"{len(graphs)} graphs for {NUM_LAYERS} layers"
+    assert len(graphs) == compiled_before_serving  # the warm-up left no compile to a request
