@@ -112,7 +112,7 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list
         decoda_name(mode): ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
                              "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024",
                              *DECODA_MODES[mode]], "smollm2-135m-instruct")
-        for mode in args.decoda_modes_list
+        for mode in args.decoda_modes.split(",")
     }  # fmt: skip
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
     folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
@@ -353,8 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main() -> None:
     args = build_parser().parse_args()
     args.concurrency_list = [int(c) for c in args.concurrency.split(",")]
-    args.decoda_modes_list = args.decoda_modes.split(",")
-    unknown = [m for m in args.decoda_modes_list if m not in DECODA_MODES]
+    unknown = [m for m in args.decoda_modes.split(",") if m not in DECODA_MODES]
     if unknown:
         raise SystemExit(f"--decoda-modes: unknown {', '.join(unknown)} (choose from {', '.join(DECODA_MODES)})")
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -35,3 +35,12 @@ def test_llama_cpp_interpreter_from_the_flag_or_the_environment(monkeypatch, tmp
     assert command[0] == str(python)
     missing = commands(monkeypatch, "--llama-cpp-python", str(tmp_path / "nope"))[compare.LLAMACPP]
     assert missing.startswith("skipped") and "does not exist" in missing
+
+
+def test_each_decoda_mode_is_its_own_server_with_its_flags(monkeypatch):
+    servers = commands(monkeypatch, "--decoda-modes", "float32,gguf+compile")
+    plain, _ = servers[compare.DECODA]
+    compiled, model = servers[compare.decoda_name("gguf+compile")]
+    assert "--quantization" not in plain
+    assert compiled[compiled.index("--quantization") + 1] == "gguf" and "--compile" in compiled
+    assert model == "smollm2-135m-instruct"
