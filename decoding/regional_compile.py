@@ -49,13 +49,14 @@ def warm_up(engine: Engine, prompt_ids: list[int]) -> float:
 
     A batch of two prompts gives multi-token steps, a lone request one-token steps; the compiler
     keeps a graph for each, so afterwards no request waits for a compile. The observer is muted so
-    metrics count only real requests, and a prompt shorter than a KV block leaves no prefix cached.
-    Returns the seconds it took.
+    metrics count only real requests, and prompt plus answer stay shorter than a KV block (16
+    tokens by default), so nothing is left in the prefix cache. Returns the seconds it took.
     """
     from decoding.params import GenerationParams
     from decoding.telemetry import EngineObserver
 
-    prompt = (prompt_ids * engine.pool.block_size)[: max(2, engine.pool.block_size - 1)]
+    new_tokens = 3
+    prompt = (prompt_ids * engine.pool.block_size)[: max(2, engine.pool.block_size - 1 - new_tokens)]
     observers = engine.ctx.observer, engine.scheduler.observer
     engine.ctx.observer = engine.scheduler.observer = EngineObserver()
     start = time.perf_counter()
@@ -63,7 +64,8 @@ def warm_up(engine: Engine, prompt_ids: list[int]) -> float:
         with torch.inference_mode():
             for batch in (["warm-up-a", "warm-up-b"], ["warm-up-c"]):
                 for i, request_id in enumerate(batch):
-                    engine.add_request(request_id, prompt[: len(prompt) - i], GenerationParams(max_new_tokens=3))
+                    params = GenerationParams(max_new_tokens=new_tokens)
+                    engine.add_request(request_id, prompt[: len(prompt) - i], params)
                 while engine.has_work():
                     engine.step()
     finally:

@@ -21,6 +21,7 @@ from decoding.engine import Engine, EngineLimits
 from decoding.launch import prepare_forward
 from decoding.loading import load_model
 from decoding.params import GenerationParams
+from decoding.regional_compile import warm_up
 
 PROMPT = "Write a long story about a dragon who learns to bake bread in a small mountain village."
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}
@@ -70,7 +71,10 @@ def build_engine(model_name: str, config_name: str, tokenizer: object, eos: list
     model = loaded.model
     prepare_forward(model, compile="compile" in config_name)
     limits = EngineLimits(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=512)
-    return Engine(model, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
+    engine = Engine(model, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
+    if "compile" in config_name:  # as the server does before it serves
+        warm_up(engine, tokenizer("Warm up the compiled layers.").input_ids)
+    return engine
 
 
 def main() -> None:
