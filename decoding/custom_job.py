@@ -313,16 +313,21 @@ def _find(haystack: list[int], needle: list[int]) -> int | None:
 
 @contextlib.contextmanager
 def _sdpa(model: torch.nn.Module) -> Iterator[None]:
-    """transformers' own attention while the method runs; the engine's packed attention after."""
+    """transformers' own attention while the method runs; the engine's packed attention after.
+
+    Under ``--compile`` the layers' graphs were traced with the engine's attention and the server
+    checks only the guards that tell those graphs apart, so the method runs the layers eagerly.
+    """
     previous = model.config._attn_implementation
-    if previous == "sdpa":
-        yield
-        return
-    model.set_attn_implementation("sdpa")
-    try:
-        yield
-    finally:
-        model.set_attn_implementation(previous)
+    with torch.compiler.set_stance("force_eager"):
+        if previous == "sdpa":
+            yield
+            return
+        model.set_attn_implementation("sdpa")
+        try:
+            yield
+        finally:
+            model.set_attn_implementation(previous)
 
 
 @contextlib.contextmanager

@@ -23,6 +23,7 @@ from decoding.params import GenerationParams
 from decoding.quantization import quantize_model
 from decoding.regional_compile import compile_layers, warm_up
 from tests.engine_harness import EngineHarness, tiny_llama
+from tests.test_custom_generate import LOOKAHEAD, harness_with, hf_custom
 from tests.test_kv_paged import STRATEGIES
 
 EOS = 2
@@ -48,20 +49,8 @@ def run_all(harness: EngineHarness) -> dict[str, list[list[int]]]:
     }
 
 
-@pytest.fixture
-def default_stance():
-    yield
-    torch.compiler.set_stance("default")  # warm_up trims guard checks process-wide
-    torch._dynamo.reset()
-
-
-@pytest.mark.parametrize("quantization", ["none", "int4"])
-def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
-    quantization, smollm2_tokenizer, monkeypatch, default_stance
-):
-    model = tiny_llama(VOCAB, seed=5, num_layers=NUM_LAYERS)
-    quantize_model(model, quantization)
-    expected = run_all(EngineHarness(model, smollm2_tokenizer, [EOS]))
+def serve_compiled(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
+    """Make EngineHarness serve its model with compiled layers; returns the graphs compiled so far."""
     graphs: list[torch.fx.GraphModule] = []
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG001
@@ -76,6 +65,24 @@ def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
 
     torch._dynamo.reset()
     monkeypatch.setattr(engine_harness, "as_served", served)
+    return graphs
+
+
+@pytest.fixture
+def default_stance():
+    yield
+    torch.compiler.set_stance("default")  # warm_up trims guard checks process-wide
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("quantization", ["none", "int4"])
+def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
+    quantization, smollm2_tokenizer, monkeypatch, default_stance
+):
+    model = tiny_llama(VOCAB, seed=5, num_layers=NUM_LAYERS)
+    quantize_model(model, quantization)
+    expected = run_all(EngineHarness(model, smollm2_tokenizer, [EOS]))
+    graphs = serve_compiled(monkeypatch)
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     assert harness.engine.runner.compiled  # the layout then travels beside the call
     warm_up(harness.engine, prompt(9))
@@ -83,3 +90,17 @@ def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
     assert run_all(harness) == expected
     assert 1 <= len(graphs) < NUM_LAYERS, f"{len(graphs)} graphs for {NUM_LAYERS} layers"
     assert len(graphs) == compiled_before_serving  # the warm-up left no compile to a request
+
+
+def test_a_custom_method_runs_its_own_forwards_beside_compiled_layers(smollm2_tokenizer, monkeypatch, default_stance):
+    """A custom ``generate()`` calls the model with transformers' attention; the compiled graphs (traced
+    with the engine's, guards trimmed) must not serve it, so it runs the layers eagerly."""
+    model = tiny_llama(len(smollm2_tokenizer), seed=1)
+    prompt_ids = [5, 17, 300, 4000, 12]
+    expected = hf_custom(model, LOOKAHEAD, prompt_ids, 8, [EOS])
+    serve_compiled(monkeypatch)
+    harness = harness_with(model, smollm2_tokenizer, [EOS])
+    warm_up(harness.engine, prompt(9))
+    harness.add("look", prompt_ids, GenerationParams(max_new_tokens=8, custom_generate="lookahead"))
+    harness.run()
+    assert harness.token_ids("look") == expected
