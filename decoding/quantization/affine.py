@@ -43,9 +43,9 @@ class AffineCodes:
         offset = self.offsets().repeat_interleave(expand, dim=1)
         return scale * self.codes.float() + offset
 
-    def rows(self, ids: torch.Tensor) -> torch.Tensor:
-        """Exact float32 weights of some rows ``[len(ids), in_features]``."""
-        picked = AffineCodes(
+    def take(self, ids: torch.Tensor) -> AffineCodes:
+        """The rows ``ids``, in that order, as codes (a row is never split across groups)."""
+        return AffineCodes(
             self.codes[ids],
             self.scale[ids],
             None if self.offset is None else self.offset[ids],
@@ -53,4 +53,7 @@ class AffineCodes:
             self.group_size,
             self.bits,
         )
-        return picked.dequantize()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Exact float32 weights of some rows ``[len(ids), in_features]``."""
+        return self.take(ids).dequantize()

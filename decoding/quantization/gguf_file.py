@@ -59,17 +59,7 @@ class GgufWeights:
         raw = np.asarray(tensor.data)  # [rows, row_bytes] uint8, memory-mapped
         codes = decode_blocks(raw, GGMLQuantizationType(tensor.tensor_type), tensor_name=tensor.name)
         order = self._row_order(tensor.name, codes.shape[0])
-        if order is None:
-            return codes
-        index = torch.from_numpy(order)
-        return AffineCodes(
-            codes.codes[index],
-            codes.scale[index],
-            None if codes.offset is None else codes.offset[index],
-            codes.zero_code,
-            codes.group_size,
-            codes.bits,
-        )
+        return codes if order is None else codes.take(torch.from_numpy(order))
 
     def _row_order(self, gguf_name: str, num_rows: int) -> np.ndarray | None:
         """The processor's reordering of this tensor's rows, or None when it keeps them."""
