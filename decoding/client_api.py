@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
-from decoding.validation import ModelFacts, check_against_model
+from decoding.params.model_checks import ModelFacts, check_against_model
 
 
 class QueueFullError(RuntimeError):

@@ -18,12 +18,12 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig
 
-from decoding.attention import register_attention
-from decoding.custom_loading import load_custom_methods
-from decoding.engine import Engine, EngineLimits
-from decoding.loading import load_model
+from decoding.custom.loading import load_custom_methods
+from decoding.engine.core import Engine, EngineLimits
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
+from decoding.model.packed_linear import pack_linears
 from decoding.params import GenerationParams
-from decoding.weight_layout import pack_linears
 
 ROOT = Path(__file__).resolve().parent.parent
 METHODS = {

@@ -16,12 +16,12 @@ import time
 
 import torch
 
-from decoding.attention import register_attention
-from decoding.engine import Engine, EngineLimits
-from decoding.launch import prepare_forward
-from decoding.loading import load_model
+from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.launch import prepare_forward
+from decoding.engine.warmup import warm_up
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
 from decoding.params import GenerationParams
-from decoding.regional_compile import warm_up
 
 PROMPT = "Write a long story about a dragon who learns to bake bread in a small mountain village."
 SAMPLING = {"do_sample": True, "temperature": 0.8, "top_k": 50, "top_p": 0.95}

@@ -178,11 +178,11 @@ def chat_part(logs: Path, clients: int, turns: int, rounds: int) -> None:
 def memory_part() -> None:
     import torch
 
-    from decoding.attention import register_attention
-    from decoding.engine import Engine, EngineLimits
-    from decoding.loading import load_model
+    from decoding.engine.core import Engine, EngineLimits
+    from decoding.model.attention import register_attention
+    from decoding.model.loading import load_model
+    from decoding.model.packed_linear import pack_linears
     from decoding.params import GenerationParams
-    from decoding.weight_layout import pack_linears
 
     torch.set_num_threads(2)
     loaded = load_model("smollm2-135m-instruct", attn_implementation=register_attention())

@@ -76,9 +76,9 @@ def run_mode(name: str, threads: int, out_dir: Path, quality: bool = True) -> di
     """Everything for one mode, inside this (fresh) process."""
     import torch
 
-    from decoding.attention import register_attention
-    from decoding.launch import prepare_forward
-    from decoding.loading import load_model
+    from decoding.engine.launch import prepare_forward
+    from decoding.model.attention import register_attention
+    from decoding.model.loading import load_model
 
     torch.set_num_threads(threads)
     dtype, quantization, compiled = MODES[name]
@@ -100,7 +100,7 @@ def profile_steps(loaded, rows: int, steps: int = 24, hooks: bool = True) -> dic
     """Mean ms per decode step, split by module hooks, through the engine as the server runs it."""
     import torch
 
-    from decoding.engine import Engine, EngineLimits
+    from decoding.engine.core import Engine, EngineLimits
     from decoding.params import GenerationParams
 
     model = loaded.model

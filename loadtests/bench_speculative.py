@@ -20,12 +20,12 @@ import time
 
 import torch
 
-from decoding.attention import register_attention
-from decoding.engine import Engine, EngineLimits
-from decoding.loading import load_model
+from decoding.engine.core import Engine, EngineLimits
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
+from decoding.model.packed_linear import pack_linears
 from decoding.params import GenerationParams
 from decoding.telemetry import EngineObserver
-from decoding.weight_layout import pack_linears
 
 PASSAGE = (
     "The old lighthouse on the northern cape had not been lit for thirty years when Mara arrived with "

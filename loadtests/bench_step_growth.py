@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from decoding.engine import Engine
-from decoding.loading import load_model
+from decoding.engine.core import Engine
+from decoding.model.loading import load_model
 from decoding.params import GenerationParams
 from decoding.strategies.speculative import DraftLength
 from tests.engine_harness import EngineHarness, as_served, tiny_llama

@@ -23,11 +23,11 @@ from pathlib import Path
 
 import torch
 
-from decoding.attention import register_attention
-from decoding.engine import Engine, EngineLimits
-from decoding.loading import load_model
+from decoding.engine.core import Engine, EngineLimits
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
+from decoding.model.packed_linear import pack_linears
 from decoding.params import GenerationParams
-from decoding.weight_layout import pack_linears
 
 PROMPT = "Write a long story about a dragon who learns to bake bread in a small mountain village."
 STRATEGIES = {

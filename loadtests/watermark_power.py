@@ -20,14 +20,14 @@ import time
 
 import torch
 
-from decoding.attention import register_attention
-from decoding.engine import Engine, EngineLimits
-from decoding.loading import load_model
+from decoding.engine.core import Engine, EngineLimits
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
+from decoding.model.packed_linear import pack_linears
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
-from decoding.watermark import detect_watermark
-from decoding.watermark_config import WatermarkingConfig
-from decoding.weight_layout import pack_linears
+from decoding.params.watermarking import WatermarkingConfig
+from decoding.sampling.watermark import detect_watermark
 
 TOPICS = [
     "the ocean", "a city at night", "learning to cook", "the history of bicycles", "a dragon who bakes bread",

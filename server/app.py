@@ -19,7 +19,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from decoding import EngineClient
-from decoding.watermark_config import WatermarkingConfig
+from decoding.params.watermarking import WatermarkingConfig
 from server.access_log import AccessLog
 from server.auth import ProtectMetrics, key_digests
 from server.custom_routes import custom_router
@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.engine is None:
-            from decoding.launch import start_engine_client  # torch is imported only here
+            from decoding.engine.core.launch import start_engine_client  # torch is imported only here
 
             app.state.engine = await asyncio.to_thread(start_engine_client, settings.engine_config(), metrics)
             logger.info("serving %s on http://%s:%d", app.state.engine.model_name, settings.host, settings.port)

@@ -16,8 +16,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from decoding import GenerationParams, ParameterError
-from decoding.model_defaults import HONOURED
 from decoding.params import validate
+from decoding.params.model_defaults import HONOURED
 from server.knob_fields import knob_arguments, min_new_tokens
 from server.watermark_protocol import WatermarkingConfigBody
 

@@ -2,7 +2,7 @@
 
 The request's path: ``server.protocol`` maps the body to ``GenerationParams``; the engine client
 tokenizes off the event loop and checks the request against the model
-(``decoding.validation``); ``respond`` submits one engine request per prompt and hands the
+(``decoding.params.model_checks``); ``respond`` submits one engine request per prompt and hands the
 streams to ``server.streaming`` with the endpoint's formatter from ``server.responses``.
 """
 

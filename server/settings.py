@@ -22,8 +22,8 @@ from typing import Any
 import yaml
 
 from decoding import EngineConfig
-from decoding.custom_methods import parse_custom_generate, require_trust
-from decoding.watermark_config import WatermarkingConfig
+from decoding.params.custom_methods import parse_custom_generate, require_trust
+from decoding.params.watermarking import WatermarkingConfig
 
 CONFIG_NAME = "server.yaml"
 SOURCE_CONFIG = Path(__file__).resolve().parent.parent / "config" / CONFIG_NAME  # in a checkout

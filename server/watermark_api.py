@@ -2,7 +2,7 @@
 
 Detection needs no model, only its vocabulary size, BOS id and tokenizer: the handler tokenizes
 ``text`` through the engine client (off the event loop), then scores the ids with
-``decoding.watermark.detect_watermark`` in a worker thread (each scored token may draw a fresh
+``decoding.sampling.watermark.detect_watermark`` in a worker thread (each scored token may draw a fresh
 vocabulary permutation: milliseconds each). The config defaults to the server's ``--watermark``,
 which also watermarks every generation request that names none
 (``server.watermark_protocol.with_server_watermark``).
@@ -50,7 +50,7 @@ async def detect(body: WatermarkDetectRequest, request: Request) -> dict:
     if len(ids) > facts.max_model_len:  # no model writes more; bounds the work one request can ask for
         raise ParameterError(f"{param} has {len(ids)} tokens; at most {facts.max_model_len} (the model's context) "
                              "are scored", param=param, code="too_long")  # fmt: skip
-    from decoding.watermark import detect_watermark  # torch is imported only here
+    from decoding.sampling.watermark import detect_watermark  # torch is imported only here
 
     result = await asyncio.to_thread(
         detect_watermark, ids, config, facts.vocab_size, bos_token_id=facts.bos_token_id,

@@ -1,7 +1,7 @@
 """The watermark's request bodies: ``watermarking_config`` (a generation field) and the detect body.
 
 ``watermarking_config`` takes transformers' ``WatermarkingConfig`` fields by their HF names. It is
-checked by ``decoding.watermark_config`` before pydantic sees it, so an unknown key, a wrong type or
+checked by ``decoding.params.watermarking`` before pydantic sees it, so an unknown key, a wrong type or
 a value out of range is a 400 naming ``watermarking_config.<field>``, the allowed values and the
 value; the bounds also go into ``/openapi.json`` from the same table.
 """
@@ -14,7 +14,7 @@ from fastapi import Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from decoding import GenerationParams
-from decoding.watermark_config import WATERMARK_BOUNDS, WatermarkingConfig
+from decoding.params.watermarking import WATERMARK_BOUNDS, WatermarkingConfig
 
 DEFAULTS = WatermarkingConfig()
 

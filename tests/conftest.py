@@ -8,7 +8,7 @@ import pytest
 @pytest.fixture(scope="session")
 def smollm2():
     """The real embedded model with transformers' SDPA attention (the HF reference side)."""
-    from decoding.loading import load_model
+    from decoding.model.loading import load_model
 
     return load_model("smollm2-135m-instruct", attn_implementation="sdpa")
 

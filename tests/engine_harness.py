@@ -7,11 +7,11 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.attention import register_attention
-from decoding.engine import Engine, EngineLimits
+from decoding.engine.core import Engine, EngineLimits
+from decoding.model.attention import register_attention
+from decoding.model.packed_linear import pack_linears
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
-from decoding.weight_layout import pack_linears
 
 
 def tiny_llama(vocab_size: int, seed: int = 0, num_layers: int = 2) -> LlamaForCausalLM:

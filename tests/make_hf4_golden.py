@@ -89,7 +89,7 @@ def smollm2_dir() -> str:
     folders = sorted(glob.glob(os.path.expanduser("~/.cache/decoda/models/smollm2-135m-instruct-*/model.safetensors")))
     if not folders:  # convert it once through the project's loader
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-        from decoding.loading import load_model
+        from decoding.model.loading import load_model
 
         load_model("smollm2-135m-instruct")
         return smollm2_dir()

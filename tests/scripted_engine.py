@@ -11,11 +11,11 @@ import threading
 import time
 from types import SimpleNamespace
 
-from decoding.client import WorkerEngineClient
+from decoding.engine.client import WorkerEngineClient
+from decoding.engine.worker import Worker
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta
 from decoding.params import GenerationParams
-from decoding.validation import ModelFacts
-from decoding.worker import Worker
+from decoding.params.model_checks import ModelFacts
 
 WORDS = ["<eos>", "hello", "world"] + [f"w{i}" for i in range(97)]
 

@@ -13,7 +13,7 @@ import torch
 from transformers import LlamaConfig, WatermarkDetector
 from transformers import WatermarkingConfig as HFWatermarkingConfig
 
-from decoding.watermark_config import WatermarkingConfig
+from decoding.params.watermarking import WatermarkingConfig
 from server.settings import load_settings
 from tests.fake_engine import WORDS, FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, post, run

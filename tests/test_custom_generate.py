@@ -18,9 +18,9 @@ import torch
 from transformers import GenerationConfig
 from transformers.dynamic_module_utils import check_python_requirements
 
-from decoding.custom_loading import load_custom_methods, preflight
-from decoding.custom_methods import parse_custom_generate
+from decoding.custom.loading import load_custom_methods, preflight
 from decoding.params import GenerationParams
+from decoding.params.custom_methods import parse_custom_generate
 from tests.engine_harness import EngineHarness, hf_greedy, tiny_llama
 
 ROOT = Path(__file__).resolve().parent.parent

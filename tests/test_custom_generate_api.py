@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from decoding.custom_methods import CustomMethodInfo
 from decoding.params import GenerationParams, ParameterError, validate
-from decoding.validation import ModelFacts, check_against_model
+from decoding.params.custom_methods import CustomMethodInfo
+from decoding.params.model_checks import ModelFacts, check_against_model
 from tests.fake_engine import WORDS, FakeEngineClient
 from tests.test_api import client_for, error_of, post, run
 

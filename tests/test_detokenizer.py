@@ -13,8 +13,9 @@ import random
 import pytest
 import torch
 
-from decoding.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, token_text
-from decoding.streamer import DeltaStreamer, StopStringMatcher
+from decoding.text.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer, token_text
+from decoding.text.stop import StopStringMatcher
+from decoding.text.streamer import DeltaStreamer
 
 TEXTS = {
     "ascii": "Hello, world! The quick brown fox jumps over the lazy dog.",

@@ -135,7 +135,7 @@ def test_guidance_in_a_mixed_batch_is_unchanged(model, smollm2_tokenizer):
 def test_guidance_holds_two_slots_per_row(model, smollm2_tokenizer):
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.add("r", ids(90, 5), GenerationParams(max_new_tokens=3, guidance_scale=2.0, n=3, do_sample=True))
-    assert harness.engine.requests["r"].strategy.num_slots == 6
+    assert harness.engine.strategies["r"].num_slots == 6
     harness.run()
     assert all(len(harness.token_ids("r", i)) == 3 for i in range(3))
 

@@ -9,7 +9,7 @@ import torch
 from transformers import GenerationConfig
 from transformers.generation.candidate_generator import PromptLookupCandidateGenerator
 
-from decoding.engine import Engine
+from decoding.engine.core import Engine
 from decoding.params import GenerationParams
 from decoding.strategies.speculative import DraftLength, propose_prompt_lookup
 from decoding.telemetry import EngineObserver
@@ -253,8 +253,8 @@ def test_real_pair_with_different_tokenizers_keeps_greedy_output(smollm2):
     """SmolLM2 target with Gemma 3 270M drafting through text, and the reverse, on real prompts."""
     import copy
 
-    from decoding.attention import register_attention
-    from decoding.loading import load_model
+    from decoding.model.attention import register_attention
+    from decoding.model.loading import load_model
 
     gemma = load_model("gemma3-270m", attn_implementation=register_attention())
     pairs = [(smollm2, gemma, "Here is a list of fruits: apple, banana, cherry. Repeat the list: apple,"),

@@ -11,9 +11,9 @@ import random
 import pytest
 import torch
 
-from decoding.kv_blocks import BlockAllocator, OutOfBlocksError
-from decoding.kv_cache import KVPool
-from decoding.paged_attention import _gathered, grouped_attention, native_available, paged_decode
+from decoding.kv.blocks import BlockAllocator, OutOfBlocksError
+from decoding.kv.paged_attention import _gathered, grouped_attention, native_available, paged_decode
+from decoding.kv.pool import KVPool
 from decoding.params import GenerationParams
 from tests.engine_harness import EngineHarness, tiny_llama
 

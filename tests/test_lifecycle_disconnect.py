@@ -63,10 +63,10 @@ def real_engine_client():
 
     import torch
 
-    from decoding.client import WorkerEngineClient
-    from decoding.engine import Engine, EngineLimits
-    from decoding.validation import ModelFacts
-    from decoding.worker import Worker
+    from decoding.engine.client import WorkerEngineClient
+    from decoding.engine.core import Engine, EngineLimits
+    from decoding.engine.worker import Worker
+    from decoding.params.model_checks import ModelFacts
     from tests.engine_harness import as_served, tiny_llama
 
     tokenizer = byte_level_tokenizer()

@@ -10,10 +10,11 @@ import torch
 from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from decoding import loading
 from decoding.config import EngineConfig
-from decoding.loading import SOURCE_MARKER, ModelLoadError, load_model
-from decoding.model_registry import (
+from decoding.model import gguf_cache
+from decoding.model.gguf_cache import SOURCE_MARKER
+from decoding.model.loading import ModelLoadError, load_model
+from decoding.model.registry import (
     DEFAULT_MODEL,
     PACKAGED_MODELS,
     ModelPackageMissing,
@@ -163,14 +164,14 @@ def smollm2_two_loads(tmp_path_factory: pytest.TempPathFactory):
     """Load SmolLM2 twice into a fresh cache: the first converts (~20 s), the second must not."""
     cache = tmp_path_factory.mktemp("decoda-cache")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(loading, "AutoModelForCausalLM", _GgufLoadRecorder)
+        patch.setattr(gguf_cache, "AutoModelForCausalLM", _GgufLoadRecorder)
         first = load_model(SMOLLM2, cache_dir=str(cache))
         gguf_model = _GgufLoadRecorder.gguf_models[0]
 
         def no_conversion(*args, **kwargs):
             raise AssertionError("the second load converted the GGUF again")
 
-        patch.setattr(loading, "_convert_gguf", no_conversion)
+        patch.setattr(gguf_cache, "_convert_gguf", no_conversion)
         second = load_model(SMOLLM2, cache_dir=str(cache))
     return cache, gguf_model, first, second
 
@@ -226,5 +227,5 @@ def test_gemma_chunks_assemble_to_the_published_file(tmp_path: Path) -> None:
         pytest.skip(str(error))
     assert [p.name for p in parts] == [f"gemma-3-270m-q4_k_m.gguf.part{i:02d}" for i in range(4)]
     assert sha256 is not None and len(sha256) == 64
-    assembled = loading._assemble(parts, tmp_path / "source" / gemma.gguf_name, sha256)
+    assembled = gguf_cache.assemble(parts, tmp_path / "source" / gemma.gguf_name, sha256)
     assert assembled.stat().st_size == sum(p.stat().st_size for p in parts)

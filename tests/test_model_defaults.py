@@ -7,7 +7,7 @@ import logging
 import pytest
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
-from decoding.model_defaults import HONOURED, IGNORED_REASONS, log_generation_defaults, split_generation_defaults
+from decoding.params.model_defaults import HONOURED, IGNORED_REASONS, log_generation_defaults, split_generation_defaults
 from server.protocol import GenerationFields
 from tests.test_loading import _tiny_tokenizer
 
@@ -33,7 +33,7 @@ def test_a_models_file_splits_into_defaults_and_reasons(caplog):
     assert "strategy" in ignored["num_beams"] and "not supported" in ignored["token_healing"]
     assert split_generation_defaults({"made_up_key": 1})[1] == {"made_up_key": "not a GenerationConfig knob this "
                                                                                "server knows"}  # fmt: skip
-    with caplog.at_level(logging.INFO, logger="decoding.model_defaults"):
+    with caplog.at_level(logging.INFO, logger="decoding.params.model_defaults"):
         log_generation_defaults("m", honoured, ignored)
     lines = [r.getMessage() for r in caplog.records]
     assert any("defaults used" in line and "temperature" in line for line in lines)
@@ -58,13 +58,13 @@ def tiny_llama_folder(tmp_path):  # noqa: ANN201
 def test_load_model_keeps_the_honoured_keys_and_logs_the_rest(tiny_llama_folder, caplog):
     import json
 
-    from decoding.loading import load_model
+    from decoding.model.loading import load_model
 
     path = tiny_llama_folder / "generation_config.json"
     values = json.loads(path.read_text())
     values.update(sequence_bias=[[[5], 1.5]], renormalize_logits=True, num_beams=3, max_length=50)
     path.write_text(json.dumps(values))
-    with caplog.at_level(logging.INFO, logger="decoding.model_defaults"):
+    with caplog.at_level(logging.INFO, logger="decoding.params.model_defaults"):
         loaded = load_model(str(tiny_llama_folder))
     assert loaded.generation_defaults == {"do_sample": True, "temperature": 0.7, "top_p": 0.9,
                                           "sequence_bias": [[[5], 1.5]], "renormalize_logits": True}  # fmt: skip

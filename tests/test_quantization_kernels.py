@@ -14,10 +14,10 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFReader, quants
 
-from decoding.quantization.affine import AffineCodes
-from decoding.quantization.gguf_blocks import DECODERS, UnsupportedBlockType, decode_blocks
-from decoding.quantization.int4_matrix import Int4Matrix
-from decoding.quantization.weight_only import quantize_int4, quantize_int8
+from decoding.model.quantization.affine import AffineCodes
+from decoding.model.quantization.gguf_blocks import DECODERS, UnsupportedBlockType, decode_blocks
+from decoding.model.quantization.int4_matrix import Int4Matrix
+from decoding.model.quantization.weight_only import quantize_int4, quantize_int8
 
 T = GGMLQuantizationType
 RELATIVE_TOLERANCE = 2.0**-7
@@ -30,7 +30,7 @@ FP16_FIELDS = {
 
 @pytest.fixture(scope="module")
 def smollm2_gguf():
-    from decoding.model_registry import PACKAGED_MODELS, gguf_parts
+    from decoding.model.registry import PACKAGED_MODELS, gguf_parts
 
     return gguf_parts(PACKAGED_MODELS["smollm2-135m-instruct"])[0]
 

@@ -11,9 +11,9 @@ import pytest
 import torch
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, quants
 
+from decoding.model.quantization import QUANTIZATION_MODES, UnsupportedBlockType, quantize_model
+from decoding.model.quantization.modules import QuantizedEmbedding, QuantizedLinear
 from decoding.params import GenerationParams
-from decoding.quantization import QUANTIZATION_MODES, UnsupportedBlockType, quantize_model
-from decoding.quantization.modules import QuantizedEmbedding, QuantizedLinear
 from tests.engine_harness import EngineHarness, hf_greedy, tiny_llama
 
 T = GGMLQuantizationType

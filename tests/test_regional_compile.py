@@ -1,4 +1,4 @@
-"""``--compile`` compiles the decoder layer's forward, not the whole model (``decoding.regional_compile``).
+"""``--compile`` compiles the decoder layer's forward, not the whole model (``decoding.model.compile``).
 
 What it promises: the layers share their compiled graphs (one per shape class, not one per layer:
 that is what makes the compile take one layer's time), quantized layers included (their matrices
@@ -18,10 +18,11 @@ import pytest
 import torch
 
 import tests.engine_harness as engine_harness
-from decoding.attention import register_attention
+from decoding.engine.warmup import warm_up
+from decoding.model.attention import register_attention
+from decoding.model.compile import compile_layers
+from decoding.model.quantization import quantize_model
 from decoding.params import GenerationParams
-from decoding.quantization import quantize_model
-from decoding.regional_compile import compile_layers, warm_up
 from tests.engine_harness import EngineHarness, tiny_llama
 from tests.test_custom_generate import LOOKAHEAD, harness_with, hf_custom
 from tests.test_kv_paged import STRATEGIES

@@ -7,7 +7,7 @@ import random
 import torch
 from transformers.generation.stopping_criteria import StopStringCriteria
 
-from decoding.stop_strings import StopStrings
+from decoding.text.stop import StopStrings
 
 STOPS = [" 7", "END", "ab", "\n\n", "é!", ".", "the cat"]
 

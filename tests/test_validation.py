@@ -1,4 +1,4 @@
-"""Model-dependent validation lives in one function, ``decoding.validation.check_against_model``."""
+"""Model-dependent validation lives in one function, ``decoding.params.model_checks.check_against_model``."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from decoding import EngineConfig, GenerationParams, ParameterError
 from decoding import params as params_module
 from decoding.params import validate
-from decoding.validation import ModelFacts, check_against_model
+from decoding.params.model_checks import ModelFacts, check_against_model
 
 FACTS = ModelFacts(vocab_size=100, max_model_len=64, num_layers=4, max_num_seqs=8, max_num_beams=4,
                    assistants=("draft",))  # fmt: skip

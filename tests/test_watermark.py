@@ -13,9 +13,9 @@ from transformers import WatermarkingConfig as HFWatermarkingConfig
 from transformers.generation.logits_process import WatermarkLogitsProcessor
 
 from decoding.params import GenerationParams, ParameterError, validate
+from decoding.params.watermarking import WatermarkingConfig
 from decoding.sampling import RowSamplingState, SamplingBatch
-from decoding.watermark import detect_watermark
-from decoding.watermark_config import WatermarkingConfig
+from decoding.sampling.watermark import detect_watermark
 from tests.engine_harness import EngineHarness, tiny_llama
 
 EOS = 2

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from decoding.worker import Worker
+from decoding.engine.worker import Worker
 
 
 class _IdleEngine:

@@ -19,9 +19,9 @@ from dataclasses import dataclass
 
 import torch
 
-from decoding.sampling.length_knobs import LengthKnobs
+from decoding.sampling.length_rules import LengthKnobs
 from decoding.sampling.row_state import RowSamplingState
-from decoding.watermark import WatermarkProcessor
+from decoding.sampling.watermark import WatermarkProcessor
 
 NEG_INF = float("-inf")
 
@@ -111,6 +111,14 @@ class SamplingBatch:
         cls, rows: list[RowSamplingState], device: torch.device | str = "cpu", min_tokens_to_keep: int = 1
     ) -> SamplingBatch:
         return cls(rows, torch.device(device), min_tokens_to_keep)
+
+    @classmethod
+    def for_row(cls, row: RowSamplingState) -> SamplingBatch:
+        """A batch of ``row`` alone, built once and kept on the row: a strategy that processes one
+        row's several positions itself (drafts, a verification, contrastive candidates) reuses it."""
+        if row.alone is None:
+            row.alone = cls([row], row.device)
+        return row.alone
 
     # ---- processing ---------------------------------------------------------------------------------
     def process(self, logits: torch.Tensor, diversity_penalty: torch.Tensor | None = None) -> torch.Tensor:

@@ -26,7 +26,7 @@ class RowSamplingState:
     ) -> None:
         self.params = params
         self.device = torch.device(device)
-        self._alone: object | None = None  # a SamplingBatch of this row alone, built on first use
+        self.alone: object | None = None  # SamplingBatch.for_row's batch of this row alone, built on first use
         self.eos_token_ids = list(eos_token_ids)
         self.vocab_size = vocab_size
         self.generator = generator
@@ -51,28 +51,12 @@ class RowSamplingState:
         """An independent copy, for a beam that continues from this one (HF reorders input_ids)."""
         twin = object.__new__(RowSamplingState)
         twin.__dict__.update(self.__dict__)
-        twin._alone = None
+        twin.alone = None
         twin.history = list(self.history)
         twin.seen = None if self.seen is None else self.seen.clone()
         twin.counts = None if self.counts is None else self.counts.clone()
         twin.ngrams = None if self.ngrams is None else {k: set(v) for k, v in self.ngrams.items()}
         return twin
-
-    def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """This row's processors and warpers on ``logits`` (``[k, vocab_size]``, k positions of this
-        row: a draft's, a verification's, contrastive search's); the batch is built once per row."""
-        return self._batch().process(logits)
-
-    def pick(self, scores: torch.Tensor) -> list[int]:
-        """Greedy or drawn tokens from processed ``scores`` (``[k, vocab_size]``), one per position."""
-        return self._batch().sample(scores)
-
-    def _batch(self):  # noqa: ANN202 - a SamplingBatch (imported late: it imports this module)
-        if self._alone is None:
-            from decoding.sampling.batch import SamplingBatch
-
-            self._alone = SamplingBatch([self], self.device)
-        return self._alone
 
     def _add_ngram(self, ngram: list[int]) -> None:
         self.ngrams.setdefault(tuple(ngram[:-1]), set()).add(ngram[-1])

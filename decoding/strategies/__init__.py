@@ -7,8 +7,9 @@ class; the engine builds each request's strategy through it and never asks which
 from __future__ import annotations
 
 from decoding.params import Strategy, guidance_active
-from decoding.request import Request
-from decoding.strategies.base import DecodingStrategy, DraftJob, EngineContext, Pick
+from decoding.state.context import EngineContext
+from decoding.state.request import Request
+from decoding.strategies.base import DecodingStrategy, DraftJob, Pick
 from decoding.strategies.beam import BeamDecoding
 from decoding.strategies.contrastive import ContrastiveDecoding
 from decoding.strategies.dola import DolaDecoding

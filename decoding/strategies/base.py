@@ -21,64 +21,15 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
-from decoding.kv_cache import KVPool
-from decoding.model_runner import RowInput
+from decoding.model.runner import RowInput
 from decoding.outputs import FinishReason
-from decoding.request import Request, Row
-from decoding.telemetry import EngineObserver
-from decoding.token_logprobs import TokenText, token_logprob
-
-
-@dataclass
-class EngineContext:
-    """The facts and shared services a strategy may use; one per engine."""
-
-    device: torch.device
-    pool: KVPool
-    num_layers: int
-    vocab_size: int
-    eos_token_ids: list[int]  # in the model's order: HF pads with the first
-    pad_token_id: int
-    max_model_len: int
-    lm_head: torch.nn.Module
-    tied_embeddings: bool
-    token_text: TokenText
-    observer: EngineObserver = field(default_factory=EngineObserver)
-    step_seconds: float | None = None  # a decode forward's cost, the unit drafting time is weighed in
-
-    @classmethod
-    def for_model(
-        cls,
-        model: torch.nn.Module,
-        pool: KVPool,
-        eos_token_ids: list[int],
-        max_model_len: int,
-        token_text: TokenText,
-        observer: EngineObserver,
-    ) -> EngineContext:
-        config = model.config.get_text_config()
-        pad = getattr(getattr(model, "generation_config", None), "pad_token_id", None)
-        if isinstance(pad, list):
-            pad = pad[0] if pad else None
-        if pad is None:  # HF pads with the first eos token
-            pad = eos_token_ids[0] if eos_token_ids else 0
-        return cls(
-            device=pool.keys[0].device,
-            pool=pool,
-            num_layers=config.num_hidden_layers,
-            vocab_size=config.vocab_size,
-            eos_token_ids=list(eos_token_ids),
-            pad_token_id=pad,
-            max_model_len=max_model_len,
-            lm_head=model.get_output_embeddings(),
-            tied_embeddings=bool(getattr(config, "tie_word_embeddings", False)),
-            token_text=token_text,
-            observer=observer,
-        )
+from decoding.sampling.logprobs import token_logprob
+from decoding.state.context import EngineContext
+from decoding.state.request import Request, Row
 
 
 @dataclass

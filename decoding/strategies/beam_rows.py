@@ -19,12 +19,13 @@ from typing import Protocol
 
 import torch
 
-from decoding.generation_knobs import new_token_limit
-from decoding.model_runner import RowInput
+from decoding.model.runner import RowInput
 from decoding.outputs import FinishReason, TokenLogprob
-from decoding.request import Request
-from decoding.strategies.base import DecodingStrategy, EngineContext, Fed, Pick
-from decoding.token_logprobs import token_logprob
+from decoding.params.lengths import new_token_limit
+from decoding.sampling.logprobs import token_logprob
+from decoding.state.context import EngineContext
+from decoding.state.request import Request
+from decoding.strategies.base import DecodingStrategy, Fed, Pick
 
 
 class BeamStepResult(Protocol):

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from decoding.model_runner import RowInput
+from decoding.model.runner import RowInput
 from decoding.params import MAX_CONTRASTIVE_TOP_K  # the KV pool's spare positions for candidates
-from decoding.request import Request, Row
-from decoding.strategies.base import DecodingStrategy, EngineContext, Fed, Pick
+from decoding.sampling.batch import SamplingBatch
+from decoding.state.context import EngineContext
+from decoding.state.request import Request, Row
+from decoding.strategies.base import DecodingStrategy, Fed, Pick
 
 __all__ = ["MAX_CONTRASTIVE_TOP_K", "ContrastiveDecoding", "ContrastiveSearch"]
 
@@ -126,4 +128,4 @@ class ContrastiveDecoding(DecodingStrategy):
 
     def _propose(self, row: Row) -> None:
         search = self.searches[row.index]
-        search.propose(row.sampling.process(search.next_logits[None])[0])
+        search.propose(SamplingBatch.for_row(row.sampling).process(search.next_logits[None])[0])

@@ -18,9 +18,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from decoding.model_runner import RowInput
-from decoding.request import Request
-from decoding.strategies.base import EngineContext
+from decoding.model.runner import RowInput
+from decoding.state.context import EngineContext
+from decoding.state.request import Request
 from decoding.strategies.plain import PlainDecoding
 
 

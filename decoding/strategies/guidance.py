@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import torch
 
-from decoding.model_runner import RowInput
-from decoding.request import Request
-from decoding.strategies.base import EngineContext, Fed, Pick
+from decoding.model.runner import RowInput
+from decoding.state.context import EngineContext
+from decoding.state.request import Request
+from decoding.strategies.base import Fed, Pick
 from decoding.strategies.plain import PlainDecoding
 
 NEGATIVE_PROMPT_CHUNK = 256  # negative-prompt tokens fed per step (the engine chunks the prompt itself)

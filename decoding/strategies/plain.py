@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from decoding.model_runner import RowInput
-from decoding.request import Row
+from decoding.model.runner import RowInput
+from decoding.state.request import Row
 from decoding.strategies.base import DecodingStrategy, Fed, Pick
 
 

@@ -23,12 +23,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from decoding.kv_cache import KVPool
-from decoding.model_runner import RowInput
+from decoding.kv.pool import KVPool
+from decoding.model.runner import RowInput
 from decoding.params import GenerationParams
-from decoding.request import Request, Row
 from decoding.sampling import RowSamplingState
-from decoding.strategies.base import DraftJob, EngineContext, Pick
+from decoding.sampling.batch import SamplingBatch
+from decoding.state.context import EngineContext
+from decoding.state.request import Request, Row
+from decoding.strategies.base import DraftJob, Pick
 from decoding.strategies.plain import PlainDecoding
 from decoding.strategies.universal import AssistantText
 
@@ -201,11 +203,11 @@ def verify_drafts(
     rejection = len(draft_probs) == len(drafts) and sampling.params.do_sample
     accepted = emitted = 0
     for i in range(len(drafts) + 1):
-        scores = sampling.process(logits[i : i + 1])
+        scores = SamplingBatch.for_row(sampling).process(logits[i : i + 1])
         if rejection and i < len(drafts):
             token = rejection_sample(scores[0], drafts[i], draft_probs[i], sampling.generator)
         else:
-            token = sampling.pick(scores)[0]
+            token = SamplingBatch.for_row(sampling).sample(scores)[0]
         finished = commit(token, logits[i])
         emitted += 1
         if finished or i == len(drafts) or token != drafts[i]:

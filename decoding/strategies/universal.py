@@ -21,7 +21,7 @@ the alignment does; alignment quality only moves the acceptance rate.
 
 from __future__ import annotations
 
-from decoding.detokenizer import IncrementalDetokenizer
+from decoding.text.detokenizer import IncrementalDetokenizer
 
 TAIL_TOKENS = 8  # target tokens re-encoded with the draft text to realign the boundary
 LIVE_ASSISTANT_TOKENS = 32  # assistant tokens at the end of the text that are re-encoded each step

@@ -1,0 +1,203 @@
+"""The only bridge between the asyncio event loop and the worker thread.
+
+``generate`` checks admission synchronously (so a full queue is a 429 before any byte is sent),
+then returns an async iterator fed by ``loop.call_soon_threadsafe`` from the worker. Closing the
+iterator before the request finished (a client disconnect) aborts it in the worker.
+
+Tokenization, chat templates and ``decode`` run on one thread of the client's own: a 30k-character
+prompt then never stalls the event loop, and a fast tokenizer, which must not be used by two
+threads at once, is only ever used by that one (the worker detokenizes with its own copy).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.engine.worker import Worker
+from decoding.outputs import RequestOutput
+from decoding.params import GenerationParams, ParameterError, Strategy
+from decoding.params.model_checks import ModelFacts
+
+T = TypeVar("T")
+logger = logging.getLogger(__name__)
+
+
+class WorkerEngineClient(EngineClient):
+    def __init__(
+        self,
+        worker: Worker,
+        tokenizer: object,
+        served_name: str,
+        facts: ModelFacts,
+        max_queue: int,
+        has_chat_template: bool,
+        assistants: list[ServedModel] | None = None,
+        generation_defaults: dict | None = None,
+        default_assistant: str | None = None,
+    ) -> None:
+        self.worker = worker
+        self.tokenizer = tokenizer
+        self._served_name = served_name
+        self._facts = facts
+        self._max_queue = max_queue
+        self._has_chat_template = has_chat_template
+        self._assistants = assistants or []
+        self._default_assistant = default_assistant
+        # the model's generation_config.json values; requests override them, they override server defaults
+        self.generation_defaults = dict(generation_defaults or {})
+        self._draining = False
+        # requests handed out and not yet ended, counted here rather than in the worker: between
+        # taking a submit from its inbox and adding it to the engine, the worker holds it in neither
+        self._in_flight: set[str] = set()
+        self._lock = threading.Lock()
+        self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-tokenizer")
+
+    # ---- model facts -------------------------------------------------------------------------------
+    @property
+    def model_name(self) -> str:
+        return self._served_name
+
+    @property
+    def facts(self) -> ModelFacts:
+        return self._facts
+
+    def served_models(self) -> list[ServedModel]:
+        return [ServedModel(self._served_name, "target", self._facts.max_model_len), *self._assistants]
+
+    def is_alive(self) -> bool:
+        return self.worker.alive
+
+    def is_ready(self) -> bool:
+        return self.worker.alive and not self._draining
+
+    # ---- text, on the tokenizer thread ----------------------------------------------------------------
+    async def _off_loop(self, work: Callable[[], T]) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._text_thread, work)
+
+    async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return await self._off_loop(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
+
+    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+        if not self._has_chat_template:
+            raise ParameterError(
+                f"model '{self._served_name}' has no chat template (it is a base model); "
+                "use /v1/completions with a plain prompt instead",
+                param="messages",
+                code="chat_template_missing",
+            )
+
+        def render() -> list[int]:
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+                ids = ids["input_ids"]
+            return list(ids)
+
+        return await self._off_loop(render)
+
+    async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
+        return await self._off_loop(lambda: self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    # ---- generation ----------------------------------------------------------------------------------
+    def generate(
+        self, request_id: str, prompt_ids: list[int], params: GenerationParams
+    ) -> AsyncIterator[RequestOutput]:
+        if self._default_assistant is not None and params.strategy in (Strategy.GREEDY, Strategy.SAMPLE):
+            params = params.replace(assistant_model=self._default_assistant)  # --default-assistant
+        with self._lock:
+            if self._draining or not self.worker.alive:
+                raise EngineUnavailableError(
+                    "the server is shutting down" if self._draining else "the engine worker is not running"
+                )
+            if self.worker.num_pending >= self._max_queue:
+                raise QueueFullError(f"the waiting queue is full ({self._max_queue} requests); retry later")
+            loop = asyncio.get_running_loop()
+            outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
+
+            def sink(output: RequestOutput) -> None:
+                try:
+                    loop.call_soon_threadsafe(outputs.put_nowait, output)
+                except RuntimeError:  # the event loop is closed: nobody is left to read it
+                    pass
+
+            self._in_flight.add(request_id)
+            self.worker.submit(request_id, list(prompt_ids), params, sink)
+        return OutputStream(request_id, outputs, self.worker.abort, on_end=self._in_flight.discard)
+
+    async def abort(self, request_id: str) -> None:
+        self.worker.abort(request_id)
+
+    async def shutdown(self, drain_timeout: float = 30.0) -> None:
+        """Stop admitting, let in-flight requests finish up to ``drain_timeout``, then stop.
+
+        Requests still running at the deadline end with an "unavailable" error (HTTP 503).
+        """
+        with self._lock:
+            self._draining = True
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + drain_timeout
+        logger.info("draining: %d requests in flight, up to %.0f s", len(self._in_flight), drain_timeout)
+        while self.worker.alive and self._in_flight and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self._in_flight:
+            logger.warning("drain deadline passed: %d requests end with a 503", len(self._in_flight))
+        else:
+            logger.info("drained in %.1f s", loop.time() - started)
+        await asyncio.to_thread(self.worker.stop, 10.0)
+        self._text_thread.shutdown(wait=False, cancel_futures=True)
+
+
+class OutputStream:
+    """One request's outputs, in order; closing it (or cancelling a read) before the last one aborts.
+
+    A class rather than an async generator: ``aclose`` works whether or not iteration ever
+    started (a generator that never ran has no ``finally`` to abort from) and while another task
+    is suspended reading it (a generator's ``aclose`` would raise "already running").
+    """
+
+    def __init__(
+        self,
+        request_id: str,
+        outputs: asyncio.Queue[RequestOutput],
+        abort: Callable[[str], None],
+        on_end: Callable[[str], None] = lambda _: None,
+    ) -> None:
+        self.request_id = request_id
+        self._outputs = outputs
+        self._abort = abort
+        self._on_end = on_end
+        self._done = False
+
+    def __aiter__(self) -> OutputStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            output = await self._outputs.get()
+        except BaseException:  # cancelled while waiting: the reader went away
+            await self.aclose()
+            raise
+        if output.finished:
+            self._done = True
+            self._on_end(self.request_id)
+        return output
+
+    async def aclose(self) -> None:
+        self._end_early()
+
+    def __del__(self) -> None:  # dropped unread: free its rows all the same
+        self._end_early()
+
+    def _end_early(self) -> None:
+        if not self._done:
+            self._done = True
+            self._abort(self.request_id)
+            self._on_end(self.request_id)

@@ -1,0 +1,328 @@
+"""The engine step: expire, admit, draft, plan, one forward, consume, sample, stream.
+
+The engine is synchronous and single-threaded: the worker thread owns it and calls ``step()`` in
+a loop. It asks every running request's strategy the same questions (``strategies/base.py``) and
+never which strategy it is; everything a request needs between steps lives in its ``Request`` and
+its strategy. Outputs leave through ``emit`` as ``RequestOutput``s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from decoding.custom.jobs import CustomJobs
+from decoding.custom.loading import LoadedMethod
+from decoding.engine import prefill, sample_stage
+from decoding.engine.drafting import Drafter, make_assistant
+from decoding.engine.scheduler import Scheduler
+from decoding.kv.pool import DEFAULT_BLOCK_SIZE, KVPool, OutOfBlocksError
+from decoding.model.runner import ModelRunner, RowInput
+from decoding.outputs import RequestOutput
+from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
+from decoding.sampling import BatchSampler
+from decoding.state.context import EngineContext
+from decoding.state.request import Request
+from decoding.strategies import DecodingStrategy, Pick, make_strategy
+from decoding.telemetry import EngineObserver
+from decoding.text.detokenizer import token_text
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EngineLimits:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    request_timeout: float | None = None
+    kv_cache_bytes: int | None = None  # the KV pool's size; None: every row at full length
+    kv_cache_blocks: int | None = None  # or its size in blocks (tests and benchmarks)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    prefix_caching: bool = True
+
+
+@dataclass
+class _Fed:
+    """One row of this step's forward: whose it is, what it fed, whether it is a prompt chunk."""
+
+    strategy: DecodingStrategy
+    row_input: RowInput
+    prompt: bool
+
+    @property
+    def request(self) -> Request:
+        return self.strategy.request
+
+
+class Engine:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tokenizer: object,
+        eos_token_ids: list[int],
+        limits: EngineLimits,
+        emit: Callable[[RequestOutput], None],
+        device: torch.device,
+        observer: EngineObserver | None = None,
+        assistants: dict[str, object] | None = None,
+        custom_methods: dict[str, LoadedMethod] | None = None,
+    ) -> None:
+        """``assistants``: name -> a model sharing the target's tokenizer, or a
+        ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
+        scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
+        self.pool = KVPool.for_model(
+            model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
+            memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
+            prefix_caching=limits.prefix_caching,
+        )  # fmt: skip
+        longest = self.pool.blocks_for(limits.max_model_len + scratch)
+        if self.pool.blocks.num_blocks < longest:
+            raise ValueError(
+                f"--kv-cache-memory holds {self.pool.blocks.num_blocks * self.pool.block_size} tokens, fewer than "
+                f"one request of --max-model-len {limits.max_model_len} needs; raise it or lower --max-model-len"
+            )
+        self.runner = ModelRunner(model, self.pool, device)
+        drafters = {}
+        for name, assistant in (assistants or {}).items():
+            model_, tokenizer_, eos_ = assistant if isinstance(assistant, tuple) else (assistant, None, None)
+            drafters[name] = make_assistant(
+                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + scratch, device, tokenizer_, eos_,
+                num_blocks=2 * self.pool.blocks.num_blocks,
+            )  # fmt: skip
+        self.drafter = Drafter(self.runner, drafters, set(eos_token_ids), tokenizer)
+        observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
+        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer)
+        self.sampler = BatchSampler(device)
+        self.tokenizer = tokenizer
+        self.ctx = EngineContext.for_model(
+            model, self.pool, eos_token_ids, limits.max_model_len, self._token_text, observer
+        )
+        self.limits = limits
+        self.emit = emit
+        self.strategies: dict[str, DecodingStrategy] = {}  # request id -> its running strategy
+        # custom_generate requests: exclusive jobs run between steps (decoding/custom_job.py)
+        self.custom = CustomJobs(model, tokenizer, eos_token_ids, device, lambda out: self.emit(out),
+                                 lambda: self.observer, limits.request_timeout, custom_methods)  # fmt: skip
+
+    @property
+    def observer(self) -> EngineObserver:
+        return self.ctx.observer
+
+    @observer.setter
+    def observer(self, observer: EngineObserver) -> None:
+        self.ctx.observer = self.scheduler.observer = observer
+
+    @contextlib.contextmanager
+    def muted(self) -> Iterator[None]:
+        """Metrics see nothing of what runs inside (the compile warm-up's requests)."""
+        saved = self.observer
+        self.observer = EngineObserver()
+        try:
+            yield
+        finally:
+            self.observer = saved
+
+    @property
+    def requests(self) -> dict[str, Request]:
+        """Every request the engine holds, by id."""
+        return {request_id: strategy.request for request_id, strategy in self.strategies.items()}
+
+    # ---- requests in and out ---------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
+        if params.custom_generate is not None:
+            self.custom.add(request_id, prompt_ids, params)
+            return
+        request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
+        strategy = make_strategy(request, self.ctx)
+        self.strategies[request_id] = strategy
+        self.scheduler.add(strategy)
+
+    def abort(self, request_id: str) -> None:
+        """The client went away: free the request now; nobody reads its end."""
+        strategy = self.strategies.get(request_id)
+        if strategy is not None:
+            self._retire(strategy, error=None, code="internal")
+        self.custom.abort(request_id)  # a queued custom job, and the flag Worker.abort raised
+
+    def fail_all(self, message: str, code: str = "internal") -> None:
+        """End every request with an error (``code`` "unavailable": the server is stopping)."""
+        for strategy in list(self.strategies.values()):
+            self._fail(strategy, message, code)
+        self.custom.fail_all(message, code)
+
+    def has_work(self) -> bool:
+        return self.scheduler.has_work() or self.custom.has_work()
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> None:
+        self.custom.run_next()  # an exclusive custom_generate job, if one waits; the batch resumes after it
+        now = time.monotonic()
+        self._expire(now)
+        for strategy in self.scheduler.admit():
+            request = strategy.request
+            request.start_time = now
+            self.observer.on_admitted(strategy.name, now - request.arrival_time, len(request.prompt_ids))
+        self._draft()
+        batch = self._make_room(self._plan())
+        if batch:
+            batch, logits = self._forward(batch)
+            self._sample(self._consume(batch, logits))
+            self._report({id(fed.strategy): fed.strategy for fed in batch}.values())
+        # after finished requests left, so the gauges never show a stale batch
+        self.observer.on_step(len(batch), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
+
+    def _expire(self, now: float) -> None:
+        """Requests past a time limit end as HF's ``MaxTimeCriteria`` ends them: with what they have."""
+        expired = [strategy for strategy in self.strategies.values() if strategy.request.expired(now)]
+        for strategy in expired:
+            strategy.finish_now()
+        self._report(expired)
+
+    def _draft(self) -> None:
+        """The drafting stage: speculative rows get their drafts before the target's forward."""
+        jobs = [job for strategy in self._prefilled() for job in strategy.draft_jobs()]
+        if not jobs:
+            return
+        try:
+            self.drafter.draft(jobs)
+        except Exception as exc:  # drafting is an optimisation: without drafts every row still decodes
+            if isinstance(exc, OutOfBlocksError):  # the planned rows get their blocks first
+                logger.debug("no KV blocks for drafts; this step runs without drafts")
+            else:
+                logger.exception("drafting failed; this step runs without drafts")
+            for job in jobs:
+                job.spec.drafts = []
+
+    def _plan(self) -> list[_Fed]:
+        batch = [_Fed(s, row_input, False) for s in self._prefilled() for row_input in s.plan()]
+        budget = self.scheduler.prefill_budget(sum(len(fed.row_input.token_ids) for fed in batch))
+        for strategy in self.scheduler.running:
+            if strategy.request.prefill_done or budget <= 0:
+                continue
+            chunk = prefill.next_chunk(strategy, budget)
+            batch.append(_Fed(strategy, chunk, True))
+            budget -= len(chunk.token_ids)
+        return batch
+
+    def _make_room(self, batch: list[_Fed]) -> list[_Fed]:
+        """Every row of the step gets the blocks it writes; preempted requests leave the step."""
+        while (too_big := self.scheduler.make_room([(f.strategy, f.row_input) for f in batch])) is not None:
+            self._fail(too_big, f"the KV cache ({self.pool.blocks.num_blocks} blocks) cannot hold this request; "
+                                "raise --kv-cache-memory")  # fmt: skip
+        running = {id(strategy) for strategy in self.scheduler.running}
+        return [fed for fed in batch if id(fed.strategy) in running]
+
+    def _forward(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
+        started = time.perf_counter()
+        try:
+            logits = self.runner.forward([fed.row_input for fed in batch])
+        except Exception:
+            logger.exception("batched forward failed; retrying request by request")
+            return self._forward_isolating(batch)
+        elapsed = time.perf_counter() - started  # a step's cost, the unit drafting time is weighed in
+        previous = self.ctx.step_seconds
+        self.ctx.step_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
+        return batch, logits
+
+    def _forward_isolating(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
+        """Find who broke a batched forward: one forward per request, fail only those that raise.
+
+        Safe to repeat: a failed forward wrote K/V only beyond every row's committed length.
+        """
+        kept, kept_logits = [], []
+        for strategy, mine in _by_request(batch):
+            try:
+                logits = self.runner.forward([fed.row_input for fed in mine])
+            except Exception as exc:
+                self._fail(strategy, f"forward failed: {exc}")
+                continue
+            kept.extend(mine)
+            kept_logits.extend(logits)
+        return kept, kept_logits
+
+    def _consume(self, batch: list[_Fed], all_logits: list[torch.Tensor]) -> list[Pick]:
+        logits_of = {id(fed): logits for fed, logits in zip(batch, all_logits, strict=True)}
+        picks: list[Pick] = []
+        for strategy, mine in _by_request(batch):
+            try:
+                decode = [(fed.row_input, logits_of[id(fed)]) for fed in mine if not fed.prompt]
+                if decode:
+                    picks.extend(strategy.consume(decode))
+                for chunk in (fed for fed in mine if fed.prompt):
+                    logits = logits_of[id(chunk)]
+                    picks.extend(prefill.consume_chunk(strategy, chunk.row_input, logits, self._token_text))
+            except Exception as exc:
+                logger.exception("request %s failed", strategy.request.request_id)
+                self._fail(strategy, str(exc))
+        return [pick for pick in picks if pick.strategy.request.error is None]
+
+    def _sample(self, picks: list[Pick]) -> None:
+        """Pick every plain row's next token in one batched pass, then hand each to its strategy."""
+        sample_stage.sample(self.sampler, picks, self._fail)
+
+    # ---- streaming and the end -----------------------------------------------------------------------
+    def _report(self, strategies: Iterable[DecodingStrategy]) -> None:
+        for strategy in strategies:
+            request = strategy.request
+            if request.request_id not in self.strategies:
+                continue
+            output = request.take_output()
+            if strategy.finished:
+                output.finished = True
+                self._forget(strategy)
+                reason = request.overall_finish_reason().value
+                self.observer.on_finished(strategy.name, reason, time.monotonic() - request.arrival_time)
+            if output.deltas or output.finished or output.prompt_logprobs:
+                self.emit(output)
+
+    def _fail(self, strategy: DecodingStrategy, message: str, code: str = "internal") -> None:
+        request = strategy.request
+        request.error = f"request {request.request_id} failed: {message}"
+        self._retire(strategy, request.error, code)
+
+    def _retire(self, strategy: DecodingStrategy, error: str | None, code: str) -> None:
+        """End a request that did not finish by itself (aborted or failed)."""
+        request = strategy.request
+        if request.request_id not in self.strategies:
+            return
+        self._forget(strategy)
+        self.emit(
+            RequestOutput(
+                request.request_id,
+                num_prompt_tokens=len(request.prompt_ids),
+                num_generated_tokens=request.num_generated,
+                finished=True,
+                error=error,
+                error_code=code,
+            )
+        )
+        reason = "abort" if error is None else "error"
+        self.observer.on_finished(strategy.name, reason, time.monotonic() - request.arrival_time)
+        # no step may follow (the engine goes idle): the gauges must not keep the freed rows
+        self.observer.on_step(0, self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
+
+    def _forget(self, strategy: DecodingStrategy) -> None:
+        self.scheduler.remove(strategy)
+        strategy.release()
+        self.strategies.pop(strategy.request.request_id, None)
+        self.sampler.forget()
+
+    def _prefilled(self) -> list[DecodingStrategy]:
+        return [strategy for strategy in self.scheduler.running if strategy.request.prefill_done]
+
+    def _token_text(self, token_id: int) -> str:
+        return token_text(self.tokenizer, token_id)
+
+
+def _by_request(batch: list[_Fed]) -> list[tuple[DecodingStrategy, list[_Fed]]]:
+    """The batch's rows grouped by request, in first-appearance order."""
+    groups: dict[int, tuple[DecodingStrategy, list[_Fed]]] = {}
+    for fed in batch:
+        groups.setdefault(id(fed.strategy), (fed.strategy, []))[1].append(fed)
+    return list(groups.values())

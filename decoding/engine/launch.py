@@ -1,0 +1,179 @@
+"""Build the whole engine from an ``EngineConfig``: load, size the KV pool, start the worker.
+
+Everything that touches the model, loading included, runs on the worker thread. PyTorch's CPU
+ops run on an OpenMP team that belongs to the thread calling them; a second team (say, the one
+a loading thread leaves behind) makes libgomp count more threads than cores, and it then stops
+spinning between parallel regions and puts its threads to sleep. Measured on this project's
+2-core machine: a 16-row decode step took ~100 ms on a worker thread after loading elsewhere,
+~65 ms when the worker thread had loaded the model itself.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from decoding.client_api import ServedModel
+from decoding.config import EngineConfig
+from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
+from decoding.engine.client import WorkerEngineClient
+from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.warmup import warm_up
+from decoding.engine.worker import Worker
+from decoding.kv.memory import kv_cache_bytes
+from decoding.kv.paged_attention import native_available
+from decoding.model.attention import register_attention
+from decoding.model.compile import compile_layers
+from decoding.model.loading import LoadedModel, load_model
+from decoding.model.packed_linear import pack_linears
+from decoding.params.model_checks import ModelFacts
+from decoding.telemetry import EngineObserver
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) -> int:
+    """The model's own context unless set: the paged cache holds only the tokens rows really have."""
+    if config.max_model_len is None:
+        return max_position_embeddings
+    if config.max_model_len > max_position_embeddings:
+        raise ValueError(
+            f"--max-model-len {config.max_model_len} exceeds the model's max_position_embeddings "
+            f"{max_position_embeddings}"
+        )
+    return config.max_model_len
+
+
+def prepare_forward(model: torch.nn.Module, *, compile: bool) -> None:
+    """Compile the decoder layers, or pack the linears: inductor cannot trace oneDNN-packed weights."""
+    if compile:
+        compile_layers(model)
+    else:
+        pack_linears(model)
+
+
+@dataclass
+class _Built:
+    loaded: LoadedModel
+    max_model_len: int
+    assistants: dict[str, LoadedModel]
+    custom_methods: dict[str, LoadedMethod]
+
+
+def start_engine_client(config: EngineConfig, observer: EngineObserver | None = None) -> WorkerEngineClient:
+    worker, built = Worker.spawn(lambda: build_engine(config, observer))
+    loaded = built.loaded
+    facts = ModelFacts(
+        vocab_size=worker.engine.ctx.vocab_size,
+        max_model_len=built.max_model_len,
+        num_layers=worker.engine.ctx.num_layers,
+        max_num_seqs=config.max_num_seqs,
+        max_num_beams=config.max_num_beams,
+        assistants=tuple(built.assistants),
+        custom_methods=tuple(method.info for method in built.custom_methods.values()),
+        bos_token_id=loaded.model.config.bos_token_id,  # HF's detector reads the model config's
+    )
+    return WorkerEngineClient(
+        worker,
+        loaded.tokenizer,
+        served_name=config.served_model_name or loaded.served_name,
+        facts=facts,
+        max_queue=config.max_queue,
+        has_chat_template=loaded.has_chat_template,
+        generation_defaults=loaded.generation_defaults,
+        assistants=[ServedModel(name, "assistant", built.max_model_len) for name in built.assistants],
+        default_assistant=config.default_assistant,
+    )
+
+
+def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -> tuple[Engine, _Built]:
+    """Load the model (and assistants) and build the engine; call it on the thread that will step it."""
+    if config.num_threads:
+        torch.set_num_threads(config.num_threads)
+    device = torch.device(config.device)
+    preflight(config.custom_generate, config.trust_remote_code)  # before the (slow) model load
+    loaded = load_model(
+        config.model,
+        dtype=config.dtype,
+        device=config.device,
+        cache_dir=config.cache_dir,
+        attn_implementation=register_attention(),
+        quantization=config.quantization,
+    )
+    model = loaded.model
+    prepare_forward(model, compile=config.compile)
+    max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
+    assistants = load_assistants(config, loaded)
+    custom_methods = load_custom_methods(config.custom_generate, config.trust_remote_code, model)
+    limits = EngineLimits(
+        max_model_len=max_model_len,
+        max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens,
+        request_timeout=config.request_timeout,
+        kv_cache_bytes=kv_cache_bytes(config.kv_cache_memory),
+        block_size=config.block_size,
+        prefix_caching=config.prefix_caching,
+    )
+    # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
+    engine = Engine(
+        model,
+        copy.deepcopy(loaded.tokenizer),
+        loaded.eos_token_ids,
+        limits,
+        lambda _: None,
+        device,
+        observer,
+        assistants={
+            name: assistant.model
+            if assistant.tokenizer.get_vocab() == loaded.tokenizer.get_vocab()
+            else (assistant.model, copy.deepcopy(assistant.tokenizer), set(assistant.eos_token_ids))
+            for name, assistant in assistants.items()
+        },
+        custom_methods=custom_methods,
+    )
+    if config.compile:
+        seconds = warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
+        logger.info("compiled the decoder layers in %.0f s, before serving", seconds)
+    logger.info(
+        "engine ready: model=%s max_model_len=%d max_num_seqs=%d kv_cache=%.0f MiB (%d blocks of %d, "
+        "prefix caching %s, paged attention %s)",
+        loaded.served_name,
+        max_model_len,
+        config.max_num_seqs,
+        engine.pool.nbytes() / 2**20,
+        engine.pool.blocks.num_blocks,
+        engine.pool.block_size,
+        "on" if config.prefix_caching else "off",
+        "native" if native_available() else "gathering (no C compiler)",
+    )
+    return engine, _Built(loaded, max_model_len, assistants, custom_methods)
+
+
+def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, LoadedModel]:
+    """Preload ``--assistant-model`` draft models on the target's device and dtype.
+
+    An assistant with the target's vocabulary drafts token ids directly; one with a different
+    tokenizer drafts through text (universal assisted decoding, ``strategies/universal.py``).
+    """
+    assistants: dict[str, LoadedModel] = {}
+    target_vocab = target.tokenizer.get_vocab()
+    for name, spec in config.assistant_models:
+        loaded = load_model(
+            spec, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir,
+            attn_implementation=register_attention(), quantization=config.quantization,
+        )  # fmt: skip
+        name = name or loaded.served_name
+        through_text = loaded.tokenizer.get_vocab() != target_vocab
+        pack_linears(loaded.model)
+        assistants[name] = loaded
+        logger.info(
+            "assistant %s loaded from %s%s", name, spec, " (other tokenizer: drafts via text)" if through_text else ""
+        )
+    if config.default_assistant is not None and config.default_assistant not in assistants:
+        raise ValueError(
+            f"--default-assistant {config.default_assistant!r} is not among the assistants {sorted(assistants)}"
+        )
+    return assistants

@@ -1,0 +1,53 @@
+"""The prompt, fed in chunks the same way for every strategy, then handed to the strategy once.
+
+A request's prompt is written into its strategy's prefill slot (after the blocks the prefix cache
+already held for it, ``Scheduler._start``) over as many steps as the token
+budget needs (chunked prefill); logits are asked for only at the last prompt position, or at
+every position when the user wants prompt logprobs (``echo`` with ``logprobs``). When the last
+chunk is in, the strategy's ``start`` gets the logits that predict the first generated token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.model.runner import RowInput
+from decoding.outputs import TokenLogprob
+from decoding.sampling.logprobs import TokenText, prompt_logprob_entries
+from decoding.state.request import Request
+from decoding.strategies import DecodingStrategy, Pick
+
+
+def next_chunk(strategy: DecodingStrategy, budget: int) -> RowInput:
+    """The next at most ``budget`` prompt tokens of the strategy's request, as a row of this step."""
+    request = strategy.request
+    start = request.num_prefilled
+    chunk = request.prompt_ids[start : start + budget]
+    last = start + len(chunk) == len(request.prompt_ids)
+    logits_from = 0 if request.params.prompt_logprobs is not None else (len(chunk) - 1 if last else len(chunk))
+    return RowInput(strategy.prefill_slot, start, chunk, logits_from, hidden_layers=strategy.hidden_layers)
+
+
+def consume_chunk(
+    strategy: DecodingStrategy, chunk: RowInput, logits: torch.Tensor, token_text: TokenText
+) -> list[Pick]:
+    """Book a chunk just run (``logits``: ``[num_kept, vocab_size]``); start decoding after the last."""
+    request = strategy.request
+    if request.params.prompt_logprobs is not None:
+        _collect_prompt_logprobs(request, chunk.start, logits, token_text)
+    request.num_prefilled += len(chunk.token_ids)
+    # full blocks of the prompt so far serve later requests with the same start (prefix caching)
+    strategy.ctx.pool.register(chunk.slot, request.prompt_ids[: request.num_prefilled])
+    strategy.consume_prompt_chunk(chunk)
+    return strategy.start(logits[-1], chunk) if request.prefill_done else []
+
+
+def _collect_prompt_logprobs(request: Request, start: int, logits: torch.Tensor, token_text: TokenText) -> None:
+    # logits[i] predicts prompt token start + i + 1
+    if request.prompt_logprobs is None:
+        first = request.prompt_ids[0]
+        request.prompt_logprobs = [TokenLogprob(first, token_text(first), None)]
+    targets = request.prompt_ids[start + 1 : start + 1 + logits.shape[0]]
+    request.prompt_logprobs.extend(
+        prompt_logprob_entries(logits[: len(targets)], targets, request.params.prompt_logprobs, token_text)
+    )

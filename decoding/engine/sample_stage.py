@@ -1,0 +1,66 @@
+"""The engine's last stage: every plain row's next token picked in one batched pass, then handed
+to its strategy; a pass that fails is retried request by request, so the request whose knobs
+broke it (scores overflowing to inf: a 400) fails alone and the others keep their tokens."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import torch
+
+from decoding.sampling import BatchSampler
+from decoding.sampling.batch import NonFiniteScores
+from decoding.state.request import Request
+from decoding.strategies import Pick
+
+logger = logging.getLogger(__name__)
+Fail = Callable[..., None]  # Engine._fail(strategy, message, code=...)
+
+
+def sample(sampler: BatchSampler, picks: list[Pick], fail: Fail) -> None:
+    if not picks:
+        return
+    logits = torch.stack([pick.logits for pick in picks])  # [num_picks, vocab_size]
+    try:
+        tokens = sampler.pick([pick.row.sampling for pick in picks], logits)
+    except Exception:
+        logger.exception("batched sampling failed; retrying request by request")
+        sampler.forget()
+        _sample_each_request(sampler, picks, fail)
+        return
+    _accept(picks, tokens, logits, fail)
+
+
+def _sample_each_request(sampler: BatchSampler, picks: list[Pick], fail: Fail) -> None:
+    """Each request's rows alone; sampled directly, never retried again (no recursion)."""
+    by_request: dict[int, list[Pick]] = {}
+    for pick in picks:
+        by_request.setdefault(id(pick.strategy), []).append(pick)
+    for mine in by_request.values():
+        logits = torch.stack([pick.logits for pick in mine])
+        try:
+            tokens = sampler.pick([pick.row.sampling for pick in mine], logits)
+        except Exception as exc:
+            request: Request = mine[0].strategy.request
+            logger.warning("request %s failed while sampling: %s", request.request_id, exc)
+            code = "invalid_request" if isinstance(exc, NonFiniteScores) else "internal"
+            fail(mine[0].strategy, f"sampling failed: {exc}", code=code)
+            continue
+        finally:
+            sampler.forget()
+        _accept(mine, tokens, logits, fail)
+
+
+def _accept(picks: list[Pick], tokens: list[int], logits: torch.Tensor, fail: Fail) -> None:
+    now = time.monotonic()
+    for pick, token, row_logits in zip(picks, tokens, logits, strict=True):
+        request = pick.strategy.request
+        if request.error is not None:
+            continue
+        try:
+            pick.strategy.accept(pick.row, token, row_logits, now)
+        except Exception as exc:  # e.g. a detokenizer failure: this request alone fails
+            logger.exception("request %s failed", request.request_id)
+            fail(pick.strategy, str(exc))

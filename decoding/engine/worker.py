@@ -1,0 +1,220 @@
+"""The thread that owns the model: it alone runs forwards, so the event loop never waits on one.
+
+Commands (new requests, aborts) arrive through a thread-safe inbox; outputs leave through each
+request's sink callback. The loop sleeps on the inbox when there is nothing to do.
+
+Whenever the loop ends (``stop`` after the drain deadline, or a crash), every request it knows of
+(running, waiting, or still a command in the inbox) and every submit that races with the end
+gets a last output with ``error_code="unavailable"``: its client sees a 503 it may retry
+elsewhere, never a stream that hangs or a 200 without a finish reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+import torch
+
+from decoding.outputs import RequestOutput
+from decoding.params import GenerationParams
+
+if TYPE_CHECKING:  # the worker steps any engine-shaped object; importing it would load the whole engine
+    from decoding.engine.core import Engine
+
+logger = logging.getLogger(__name__)
+
+Sink = Callable[[RequestOutput], None]
+Extra = TypeVar("Extra")
+
+UNAVAILABLE = "unavailable"  # RequestOutput.error_code: the server stopped; the HTTP layer answers 503
+STOPPED = "the server stopped before this request finished; retry it"
+CRASHED = "the engine worker stopped unexpectedly; retry the request"
+
+
+@dataclass
+class _Submit:
+    request_id: str
+    prompt_ids: list[int]
+    params: GenerationParams
+    sink: Sink
+
+
+@dataclass
+class _Abort:
+    request_id: str
+
+
+class _Stop:
+    pass
+
+
+class Worker:
+    def __init__(self, engine: Engine) -> None:
+        """Made by ``spawn`` on the thread that built ``engine`` and will step it."""
+        self.engine = engine
+        engine.emit = self._dispatch
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self._sinks: dict[str, Sink] = {}
+        self._thread = threading.current_thread()
+        self._stopped = threading.Event()
+        self._end_message = STOPPED  # what the requests left at the end are told
+        self._ending: str | None = None  # set while the loop fails what it leaves behind
+
+    @classmethod
+    def spawn(cls, build: Callable[[], tuple[Engine, Extra]]) -> tuple[Worker, Extra]:
+        """Start the worker thread, build the engine ON it, and return once it is built.
+
+        Building on the thread that steps the engine keeps every PyTorch op of the process on one
+        OpenMP team (see ``decoding/launch.py``). An exception from ``build`` is re-raised here.
+        """
+        built: dict[str, object] = {}
+        ready = threading.Event()
+
+        def build_then_run() -> None:
+            try:
+                engine, extra = build()
+                worker = cls(engine)
+                built.update(worker=worker, extra=extra)
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                built["error"] = exc
+                return
+            finally:
+                ready.set()
+            worker._run()
+
+        threading.Thread(target=build_then_run, name="decoda-worker", daemon=True).start()
+        ready.wait()
+        if "error" in built:
+            raise built["error"]
+        return built["worker"], built["extra"]
+
+    # ---- called from any thread ----------------------------------------------------------------
+    def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, sink: Sink) -> None:
+        """Queue a request; if the loop has already ended, ``sink`` gets its "unavailable" output at once.
+
+        The loop marks itself stopped before it empties the inbox for the last time, so a command
+        put after that is seen here, and one put before is seen there: none is left behind.
+        """
+        self._inbox.put(_Submit(request_id, prompt_ids, params, sink))
+        if self._stopped.is_set():
+            self._fail_inbox(self._end_message)
+
+    def abort(self, request_id: str) -> None:
+        self._inbox.put(_Abort(request_id))
+        custom = getattr(self.engine, "custom", None)  # a custom_generate job holds this thread: flag it now
+        if custom is not None:
+            custom.cancel(request_id)
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the loop after the current step; whatever is still running or queued then fails as
+        "unavailable" (the drain deadline passed: the client may retry elsewhere)."""
+        self._inbox.put(_Stop())
+        custom = getattr(self.engine, "custom", None)  # a running custom_generate job ends now too
+        if custom is not None:
+            custom.stop()
+        self._thread.join(timeout)
+
+    @property
+    def num_pending(self) -> int:
+        """Requests submitted but not yet admitted to the batch (inbox plus waiting queue)."""
+        custom = getattr(self.engine, "custom", None)  # queued custom_generate jobs wait too
+        return self._inbox.qsize() + self.engine.scheduler.num_waiting + (len(custom.queue) if custom else 0)
+
+    @property
+    def num_active(self) -> int:
+        return self._inbox.qsize() + len(self.engine.requests)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive() and not self._stopped.is_set()
+
+    # ---- the worker thread -----------------------------------------------------------------------
+    def _dispatch(self, output: RequestOutput) -> None:
+        sink = self._sinks.get(output.request_id)
+        if output.finished:
+            self._sinks.pop(output.request_id, None)
+        if sink is None:
+            return
+        if self._ending is None:
+            sink(output)
+        elif output.finished:  # whatever the engine says while the loop ends: the server stopped
+            self._tell(sink, dataclasses.replace(output, error=output.error or self._ending, error_code=UNAVAILABLE))
+
+    def _handle(self, command: object) -> bool:
+        if isinstance(command, _Submit):
+            self._sinks[command.request_id] = command.sink
+            try:
+                self.engine.add_request(command.request_id, command.prompt_ids, command.params)
+            except Exception as exc:  # bad request state must not kill the worker
+                logger.exception("could not add request %s", command.request_id)
+                self._dispatch(
+                    RequestOutput(command.request_id, finished=True, error=f"request {command.request_id}: {exc}")
+                )
+        elif isinstance(command, _Abort):
+            self.engine.abort(command.request_id)
+        elif isinstance(command, _Stop):
+            return False
+        return True
+
+    def _run(self) -> None:
+        try:
+            with torch.inference_mode():
+                running = True
+                while running:
+                    block = not self.engine.has_work()
+                    try:
+                        command = self._inbox.get(block=block)
+                        running = self._handle(command)
+                        while running:
+                            running = self._handle(self._inbox.get_nowait())
+                    except queue.Empty:
+                        pass
+                    if running and self.engine.has_work():
+                        try:
+                            self.engine.step()
+                        except Exception as exc:  # an engine bug: fail what is in flight, keep serving
+                            logger.exception("engine step failed")
+                            self.engine.fail_all(f"engine step failed: {exc}")
+        except BaseException:
+            self._end_message = CRASHED
+            logger.exception("worker loop crashed")
+        finally:
+            self._stopped.set()
+            self._fail_everything(self._end_message)
+
+    # ---- the end of the loop -----------------------------------------------------------------------
+    def _fail_everything(self, message: str) -> None:
+        """Finish every request the loop leaves behind with an "unavailable" error."""
+        self._ending = message
+        try:
+            self.engine.fail_all(message, code=UNAVAILABLE)
+        except Exception:  # a crashed engine may not manage it; its sinks are told below
+            logger.exception("engine.fail_all failed while the worker stopped")
+        for request_id, sink in list(self._sinks.items()):
+            self._tell(sink, RequestOutput(request_id, finished=True, error=message, error_code=UNAVAILABLE))
+        self._sinks.clear()
+        self._fail_inbox(message)
+
+    def _fail_inbox(self, message: str) -> None:
+        """Answer the submits still in the inbox (safe from any thread: each command is taken once)."""
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Submit):
+                output = RequestOutput(command.request_id, finished=True, error=message, error_code=UNAVAILABLE)
+                self._tell(command.sink, output)
+
+    @staticmethod
+    def _tell(sink: Sink, output: RequestOutput) -> None:
+        try:
+            sink(output)
+        except Exception:  # e.g. the event loop is already closed: nobody is waiting any more
+            logger.debug("could not deliver the last output of %s", output.request_id, exc_info=True)

@@ -1,0 +1,266 @@
+"""The paged KV cache: one pool of fixed-size blocks, a block table per row, prefixes shared.
+
+Each layer holds one key and one value tensor ``[num_blocks, num_kv_heads, block_size, head_dim]``
+sized by memory at start. A row (a "slot": the handle a strategy holds for one sequence) owns a
+block table, the list of blocks holding its positions ``0, block_size, 2*block_size, ...``; it
+grows a block at a time as the row grows, so memory follows the tokens actually cached, not
+``max_model_len``. Rows of one request, beams and requests with a common prompt hold the same
+blocks (``kv_blocks.BlockAllocator`` counts the holders); a row about to write into a block
+somebody else holds copies that one block first, so a beam step never copies a shared prefix.
+
+The pool does not track lengths: a row's length is owned by its request state and passed in each
+step (``prepare`` before a forward writes). Rolling back rejected drafts is a length change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.kv.blocks import ROOT, BlockAllocator, OutOfBlocksError
+
+__all__ = ["KVPool", "NoFreeSlotError", "OutOfBlocksError", "SwappedRow"]
+
+DEFAULT_BLOCK_SIZE = 16
+
+
+class NoFreeSlotError(RuntimeError):
+    """The scheduler asked for more row handles than exist (a scheduler bug, never user input)."""
+
+
+@dataclass
+class SwappedRow:
+    """A preempted row's K/V held outside the pool until it resumes (``[layers, 2, blocks, ...]``)."""
+
+    data: torch.Tensor | None
+    num_blocks: int
+
+
+@dataclass
+class _Registered:
+    """How far a row's blocks are registered in the prefix cache, and the key the next one extends."""
+
+    num_blocks: int = 0
+    parent: int = ROOT
+
+
+class KVPool:
+    def __init__(
+        self,
+        *,
+        num_layers: int,
+        num_blocks: int,
+        num_kv_heads: int,
+        head_dim: int,
+        max_model_len: int,
+        dtype: torch.dtype,
+        device: torch.device | str,
+        num_slots: int,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
+    ) -> None:
+        shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        # uninitialised: pages become resident as blocks are first written, and nothing reads a
+        # position before its row wrote it (the gathering fallback zeroes what it masks)
+        self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.block_size = block_size
+        self.max_model_len = max_model_len  # the longest row a caller may ask for (drafting checks it)
+        self.blocks = BlockAllocator(num_blocks, prefix_caching=prefix_caching)
+        self.num_slots = num_slots
+        self.tables: list[list[int]] = [[] for _ in range(num_slots)]
+        self._registered = [_Registered() for _ in range(num_slots)]
+        self._free_slots = list(range(num_slots))
+        self.num_copied_blocks = 0  # copy-on-write copies made (a test reads it: beams share prefixes)
+
+    @classmethod
+    def for_model(
+        cls,
+        model: torch.nn.Module,
+        *,
+        num_slots: int,
+        max_model_len: int,
+        device: torch.device | str,
+        num_blocks: int | None = None,
+        memory_bytes: int | None = None,
+        block_size: int = DEFAULT_BLOCK_SIZE,
+        prefix_caching: bool = True,
+    ) -> KVPool:
+        """A pool shaped for ``model``'s layers and K/V heads, in its dtype: ``num_blocks`` blocks, or
+        as many as ``memory_bytes`` hold, or by default enough for every row at full length."""
+        config = model.config.get_text_config()
+        dtype = next(model.parameters()).dtype
+        if num_blocks is None:
+            if memory_bytes is not None:
+                per_block = bytes_per_block(config, block_size, dtype)
+                num_blocks = memory_bytes // per_block
+                if num_blocks < 1:
+                    raise ValueError(f"--kv-cache-memory {memory_bytes} bytes is less than one block ({per_block})")
+            else:
+                num_blocks = num_slots * -(-max_model_len // block_size)
+        return cls(
+            num_layers=config.num_hidden_layers,
+            num_blocks=num_blocks,
+            num_kv_heads=config.num_key_value_heads,
+            head_dim=_head_dim(config),
+            max_model_len=max_model_len,
+            dtype=dtype,
+            device=device,
+            num_slots=num_slots,
+            block_size=block_size,
+            prefix_caching=prefix_caching,
+        )
+
+    # ---- counting ------------------------------------------------------------------------------
+    @property
+    def num_free(self) -> int:
+        """Free row handles (the scheduler also checks blocks: ``blocks.num_free``)."""
+        return len(self._free_slots)
+
+    @property
+    def usage(self) -> float:
+        """Fraction of blocks held by running rows (cached blocks nobody holds count as free)."""
+        return self.blocks.num_used / self.blocks.num_blocks
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+
+    def nbytes_held(self) -> int:
+        """Bytes of the blocks running rows hold: what the cache's memory really follows."""
+        return self.nbytes() * self.blocks.num_used // self.blocks.num_blocks
+
+    # ---- row handles ---------------------------------------------------------------------------
+    def allocate(self) -> int:
+        if not self._free_slots:
+            raise NoFreeSlotError("no free KV row")
+        self._free_slots.sort()
+        return self._free_slots.pop(0)
+
+    def free(self, slot: int) -> None:
+        if slot in self._free_slots:
+            raise ValueError(f"KV row {slot} freed twice")
+        self.truncate(slot, 0)
+        self._free_slots.append(slot)
+
+    def truncate(self, slot: int, num_tokens: int) -> None:
+        """Let go of the row's blocks past its first ``num_tokens`` positions."""
+        table = self.tables[slot]
+        keep = self.blocks_for(num_tokens)
+        for block in table[keep:]:
+            self.blocks.release(block)
+        del table[keep:]
+        registered = self._registered[slot]
+        if registered.num_blocks > keep:
+            self._registered[slot] = _Registered()
+
+    # ---- writing ---------------------------------------------------------------------------------
+    def blocks_needed(self, slot: int, start: int, end: int) -> int:
+        """Blocks ``prepare(slot, start, end)`` would take: new ones, and copies of shared ones."""
+        table = self.tables[slot]
+        first, last = start // self.block_size, self.blocks_for(end)
+        copies = sum(1 for block in table[first:last] if self.blocks.is_shared(block))
+        return max(0, last - len(table)) + copies
+
+    def prepare(self, slot: int, start: int, end: int) -> None:
+        """Make positions ``start..end-1`` of the row writable: grow its table, and give it its own
+        copy of any block there it shares (copy-on-write). Raises ``OutOfBlocksError``."""
+        if end <= start:
+            return
+        table = self.tables[slot]
+        first, last = start // self.block_size, self.blocks_for(end)
+        for index in range(first, min(last, len(table))):
+            block = table[index]
+            if self.blocks.is_shared(block):
+                copy = self.blocks.take()
+                self._copy_block(block, copy)
+                self.blocks.release(block)
+                table[index] = copy
+            else:
+                self.blocks.before_write(block)
+        while len(table) < last:
+            table.append(self.blocks.take())
+        registered = self._registered[slot]
+        if registered.num_blocks > first:
+            self._registered[slot] = _Registered()
+
+    def _copy_block(self, src: int, dst: int) -> None:
+        for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
+            layer_keys[dst].copy_(layer_keys[src])
+            layer_values[dst].copy_(layer_values[src])
+        self.num_copied_blocks += 1
+
+    def copy_prefix(self, src_slot: int, dst_slot: int, length: int) -> None:
+        """Give ``dst_slot`` the first ``length`` positions of ``src_slot`` by sharing its blocks
+        (n > 1 rows, beams); the first write into a shared block copies that block only."""
+        self.truncate(dst_slot, 0)
+        shared = self.tables[src_slot][: self.blocks_for(length)]
+        for block in shared:
+            self.blocks.share(block)
+        self.tables[dst_slot] = list(shared)
+
+    def move_position(self, slot: int, src: int, dst: int) -> None:
+        """Keep one token's K/V: a chosen contrastive candidate moves from scratch to its place."""
+        self.prepare(slot, dst, dst + 1)
+        table, size = self.tables[slot], self.block_size
+        src_block, src_offset = table[src // size], src % size
+        dst_block, dst_offset = table[dst // size], dst % size
+        for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
+            layer_keys[dst_block, :, dst_offset].copy_(layer_keys[src_block, :, src_offset])
+            layer_values[dst_block, :, dst_offset].copy_(layer_values[src_block, :, src_offset])
+
+    # ---- the prefix cache ------------------------------------------------------------------------
+    def attach_prefix(self, slot: int, token_ids: list[int], max_tokens: int) -> int:
+        """Start an empty row from cached blocks holding a prefix of ``token_ids`` (at most
+        ``max_tokens``); returns how many tokens it got for free."""
+        blocks = self.blocks.match(token_ids, self.block_size, max_tokens)
+        for block in blocks:
+            self.blocks.share(block)
+        self.tables[slot] = list(blocks)
+        return len(blocks) * self.block_size
+
+    def register(self, slot: int, token_ids: list[int]) -> None:
+        """Offer the row's full blocks holding ``token_ids`` (its first tokens, K/V written) to
+        later requests."""
+        registered = self._registered[slot]
+        table, size = self.tables[slot], self.block_size
+        full = min(len(token_ids) // size, len(table))
+        for index in range(registered.num_blocks, full):
+            tokens = tuple(token_ids[index * size : (index + 1) * size])
+            registered.parent = self.blocks.register(registered.parent, tokens, table[index])
+        registered.num_blocks = max(registered.num_blocks, full)
+
+    # ---- preemption ------------------------------------------------------------------------------
+    def swap_out(self, slot: int) -> SwappedRow:
+        """Copy the row's blocks out of the pool and let them go (the row is preempted)."""
+        table = self.tables[slot]
+        data = None
+        if table:
+            index = torch.tensor(table, dtype=torch.long, device=self.keys[0].device)
+            data = torch.stack([torch.stack([k[index], v[index]]) for k, v in zip(self.keys, self.values, strict=True)])
+        swapped = SwappedRow(data, len(table))
+        self.truncate(slot, 0)
+        return swapped
+
+    def swap_in(self, slot: int, swapped: SwappedRow) -> None:
+        """Put a preempted row's K/V back into fresh blocks (``swapped.num_blocks`` must be free)."""
+        self.truncate(slot, 0)
+        table = [self.blocks.take() for _ in range(swapped.num_blocks)]
+        self.tables[slot] = table
+        if swapped.data is not None:
+            index = torch.tensor(table, dtype=torch.long, device=self.keys[0].device)
+            for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+                k[index] = swapped.data[layer, 0]
+                v[index] = swapped.data[layer, 1]
+
+
+def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
+    """K and V of every layer for ``block_size`` positions."""
+    return 2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * block_size * dtype.itemsize
+
+
+def _head_dim(config: object) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads

@@ -1,0 +1,13 @@
+"""Low-bit weights served as they are: a GGUF file's own blocks, or int8/int4 made at load.
+
+Modules, one idea each: ``affine`` (codes + scale + offset, the common form), ``gguf_blocks``
+(GGUF block types → that form), ``gguf_file`` (a model's tensors in a GGUF file),
+``weight_only`` (int8/int4 quantizers for float weights), ``int4_matrix`` / ``int8_matrix`` (the
+CPU kernels), ``packed_layout`` (rows back out of the packed int4 layout, for tied embeddings),
+``modules`` (``nn.Linear``/``nn.Embedding`` drop-ins) and ``apply`` (swapping them into a model).
+"""
+
+from decoding.model.quantization.apply import QUANTIZATION_MODES, quantize_model
+from decoding.model.quantization.gguf_blocks import UnsupportedBlockType
+
+__all__ = ["QUANTIZATION_MODES", "UnsupportedBlockType", "quantize_model"]

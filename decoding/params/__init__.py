@@ -1,0 +1,31 @@
+"""The request's parameters and their one validation; torch-free, so the HTTP layer imports it.
+
+Read in import order: ``errors`` (ParameterError, Bounds) → ``watermarking`` (HF's
+WatermarkingConfig) → ``generation`` (GenerationParams, the strategy HF would pick) → ``bounds``
+(the ranges table /openapi.json states) → ``lengths`` (HF's total lengths as per-row limits) →
+``knobs`` and ``custom_methods`` (checks of the newer knobs and of custom methods) → ``validate``
+(everything, once) → ``model_checks`` (what also depends on the served model) and
+``model_defaults`` (a model's generation_config.json as request defaults).
+
+The names the server and users import are re-exported here; modules inside this package import
+each other by module, never through this facade.
+"""
+
+from decoding.params.bounds import BOUNDS, MAX_CONTRASTIVE_TOP_K, MAX_N
+from decoding.params.errors import Bounds, ParameterError
+from decoding.params.generation import GenerationParams, Strategy, guidance_active, is_assisted, resolve_strategy
+from decoding.params.validate import validate
+
+__all__ = [
+    "BOUNDS",
+    "MAX_CONTRASTIVE_TOP_K",
+    "MAX_N",
+    "Bounds",
+    "GenerationParams",
+    "ParameterError",
+    "Strategy",
+    "guidance_active",
+    "is_assisted",
+    "resolve_strategy",
+    "validate",
+]
