@@ -18,6 +18,11 @@ not an error.
 
     .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 3 --rounds 3
     .venv/bin/python -m loadtests.compare --decoda-modes float32,gguf --servers decoda,llama.cpp --concurrency 1,16
+    .venv/bin/python -m loadtests.compare --servers decoda --baseline main~1 --concurrency 1,16
+
+``--baseline REF`` adds Decoda as it was at git ``REF`` (float32, a detached worktree of this
+repository in a temporary folder, run with this virtualenv) as one more server taking turns, so a
+change is measured against the code before it on the same machine in the same run.
 """
 
 from __future__ import annotations
@@ -106,14 +111,37 @@ def without_eos(folder: Path) -> Path:
     return view
 
 
+def baseline_name(ref: str) -> str:
+    return f"{DECODA}@{ref}"
+
+
+def baseline_checkout(ref: str) -> Path | str:
+    """A detached worktree of ``ref`` in a temporary folder, or why there is none."""
+    folder = Path(tempfile.mkdtemp(prefix="decoda-baseline-")) / "tree"
+    done = subprocess.run(["git", "worktree", "add", "--detach", str(folder), ref], cwd=ROOT,
+                          capture_output=True, text=True)  # fmt: skip
+    return folder if done.returncode == 0 else f"git worktree add {ref} failed: {done.stderr.strip()}"
+
+
+def decoda_command(args: argparse.Namespace, port: int, flags: list[str]) -> list[str]:
+    return [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+            "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024", *flags]  # fmt: skip
+
+
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
     """(command, model name to request) per server, or a string saying why it cannot run here."""
     commands: dict[str, tuple[list[str], str] | str] = {
-        decoda_name(mode): ([sys.executable, "-m", "server.cli", "serve", "--port", str(port),
-                             "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024",
-                             *DECODA_MODES[mode]], "smollm2-135m-instruct")
+        decoda_name(mode): (decoda_command(args, port, DECODA_MODES[mode]), "smollm2-135m-instruct")
         for mode in args.decoda_modes.split(",")
-    }  # fmt: skip
+    }
+    if args.baseline:
+        checkout = args.baseline_dir = baseline_checkout(args.baseline)
+        # env --chdir: ``python -m`` imports the checkout's own server/ and decoding/ from its folder
+        commands[baseline_name(args.baseline)] = (
+            (["env", "--chdir", str(checkout), *decoda_command(args, port, [])], "smollm2-135m-instruct")
+            if isinstance(checkout, Path)
+            else checkout
+        )
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
     folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
     if transformers_cli is None:
@@ -159,7 +187,7 @@ def measure(
     name: str, command: list[str], model: str, args: argparse.Namespace, port: int, log_dir: Path
 ) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
-    log = open(log_dir / f"{name.split()[0]}.log", "w")  # noqa: SIM115 - closed below
+    log = open(log_dir / f"{name.split()[0].replace('@', '-at-').replace('/', '-')}.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     rows = []
     try:
@@ -248,6 +276,10 @@ def goal_lines(rows: list[dict]) -> list[str]:
         f"- Decoda vs transformers serve --continuous-batching at concurrency {top}: "
         + describe(round_ratios(rows, (DECODA, top), (TRANSFORMERS, top))),
     ]
+    for baseline in sorted(name for name in servers if name.startswith(f"{DECODA}@")):
+        for concurrency in sorted({low, top}):
+            lines.append(f"- Decoda vs {baseline} at concurrency {concurrency}: "
+                         + describe(round_ratios(rows, (DECODA, concurrency), (baseline, concurrency))))  # fmt: skip
     for mode in (m for m in DECODA_MODES if m != "float32" and decoda_name(m) in servers):
         name = decoda_name(mode)
         for concurrency in sorted({low, top}):
@@ -340,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--decoda-modes", default="float32", help=f"comma list of Decoda servers to run: {', '.join(DECODA_MODES)}"
     )
+    parser.add_argument("--baseline", default=None, metavar="REF", help="also run Decoda as it was at git REF")
     parser.add_argument(
         "--llama-cpp-python",
         "--llamacpp-python",
@@ -387,6 +420,8 @@ def main() -> None:
     plot = write_plot(rows)
     if plot:
         print(f"plot: {plot}")
+    if isinstance(getattr(args, "baseline_dir", None), Path):
+        subprocess.run(["git", "worktree", "remove", "--force", str(args.baseline_dir)], cwd=ROOT, check=False)
 
 
 if __name__ == "__main__":

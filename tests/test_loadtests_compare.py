@@ -44,3 +44,11 @@ def test_each_decoda_mode_is_its_own_server_with_its_flags(monkeypatch):
     assert "--quantization" not in plain
     assert compiled[compiled.index("--quantization") + 1] == "gguf" and "--compile" in compiled
     assert model == "smollm2-135m-instruct"
+
+
+def test_a_baseline_ref_runs_from_its_own_checkout(monkeypatch, tmp_path):
+    monkeypatch.setattr(compare, "baseline_checkout", lambda ref: tmp_path / ref)
+    command, model = commands(monkeypatch, "--baseline", "v1")[compare.baseline_name("v1")]
+    assert command[:3] == ["env", "--chdir", str(tmp_path / "v1")]
+    assert command[3:6] == [compare.sys.executable, "-m", "server.cli"] and "--quantization" not in command
+    assert model == "smollm2-135m-instruct"
