@@ -19,7 +19,8 @@ import torch
 from transformers import GenerationConfig
 
 from decoding.custom.loading import load_custom_methods
-from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.core import Engine
+from decoding.engine.limits import EngineLimits
 from decoding.model.attention import register_attention
 from decoding.model.loading import load_model
 from decoding.model.packed_linear import pack_linears

@@ -16,8 +16,9 @@ import time
 
 import torch
 
-from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.core import Engine
 from decoding.engine.launch import prepare_forward
+from decoding.engine.limits import EngineLimits
 from decoding.engine.warmup import warm_up
 from decoding.model.attention import register_attention
 from decoding.model.loading import load_model

@@ -178,7 +178,8 @@ def chat_part(logs: Path, clients: int, turns: int, rounds: int) -> None:
 def memory_part() -> None:
     import torch
 
-    from decoding.engine.core import Engine, EngineLimits
+    from decoding.engine.core import Engine
+    from decoding.engine.limits import EngineLimits
     from decoding.model.attention import register_attention
     from decoding.model.loading import load_model
     from decoding.model.packed_linear import pack_linears

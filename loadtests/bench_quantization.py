@@ -100,7 +100,8 @@ def profile_steps(loaded, rows: int, steps: int = 24, hooks: bool = True) -> dic
     """Mean ms per decode step, split by module hooks, through the engine as the server runs it."""
     import torch
 
-    from decoding.engine.core import Engine, EngineLimits
+    from decoding.engine.core import Engine
+    from decoding.engine.limits import EngineLimits
     from decoding.params import GenerationParams
 
     model = loaded.model

@@ -7,7 +7,8 @@ import copy
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.core import Engine
+from decoding.engine.limits import EngineLimits
 from decoding.model.attention import register_attention
 from decoding.model.packed_linear import pack_linears
 from decoding.outputs import RequestOutput

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from decoding.engine.core import EngineLimits
+from decoding.engine.limits import EngineLimits
 from decoding.params import GenerationParams
 from tests.engine_harness import EngineHarness, tiny_llama
 

@@ -64,7 +64,8 @@ def real_engine_client():
     import torch
 
     from decoding.engine.client import WorkerEngineClient
-    from decoding.engine.core import Engine, EngineLimits
+    from decoding.engine.core import Engine
+    from decoding.engine.limits import EngineLimits
     from decoding.engine.worker import Worker
     from decoding.params.model_checks import ModelFacts
     from tests.engine_harness import as_served, tiny_llama

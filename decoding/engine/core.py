@@ -19,12 +19,13 @@ import torch
 from decoding.custom.jobs import CustomJobs
 from decoding.custom.loading import LoadedMethod
 from decoding.engine import prefill, sample_stage
-from decoding.engine.drafting import Drafter, make_assistant
+from decoding.engine.drafting import Drafter
+from decoding.engine.limits import EngineLimits, assistant_drafters, kv_pool_for
 from decoding.engine.scheduler import Scheduler
-from decoding.kv.pool import DEFAULT_BLOCK_SIZE, KVPool, OutOfBlocksError
+from decoding.kv.pool import OutOfBlocksError
 from decoding.model.runner import ModelRunner, RowInput
 from decoding.outputs import RequestOutput
-from decoding.params import MAX_CONTRASTIVE_TOP_K, GenerationParams
+from decoding.params import GenerationParams
 from decoding.sampling import BatchSampler
 from decoding.state.context import EngineContext
 from decoding.state.request import Request
@@ -33,18 +34,6 @@ from decoding.telemetry import EngineObserver
 from decoding.text.detokenizer import token_text
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class EngineLimits:
-    max_model_len: int
-    max_num_seqs: int
-    max_num_batched_tokens: int
-    request_timeout: float | None = None
-    kv_cache_bytes: int | None = None  # the KV pool's size; None: every row at full length
-    kv_cache_blocks: int | None = None  # or its size in blocks (tests and benchmarks)
-    block_size: int = DEFAULT_BLOCK_SIZE
-    prefix_caching: bool = True
 
 
 @dataclass
@@ -75,27 +64,10 @@ class Engine:
     ) -> None:
         """``assistants``: name -> a model sharing the target's tokenizer, or a
         ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
-        scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
-        self.pool = KVPool.for_model(
-            model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
-            memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
-            prefix_caching=limits.prefix_caching,
-        )  # fmt: skip
-        longest = self.pool.blocks_for(limits.max_model_len + scratch)
-        if self.pool.blocks.num_blocks < longest:
-            raise ValueError(
-                f"--kv-cache-memory holds {self.pool.blocks.num_blocks * self.pool.block_size} tokens, fewer than "
-                f"one request of --max-model-len {limits.max_model_len} needs; raise it or lower --max-model-len"
-            )
+        self.pool = kv_pool_for(model, limits, device)
         self.runner = ModelRunner(model, self.pool, device)
-        drafters = {}
-        for name, assistant in (assistants or {}).items():
-            model_, tokenizer_, eos_ = assistant if isinstance(assistant, tuple) else (assistant, None, None)
-            drafters[name] = make_assistant(
-                name, model_, limits.max_num_seqs, 2 * limits.max_model_len + scratch, device, tokenizer_, eos_,
-                num_blocks=2 * self.pool.blocks.num_blocks,
-            )  # fmt: skip
-        self.drafter = Drafter(self.runner, drafters, set(eos_token_ids), tokenizer)
+        self.drafter = Drafter(self.runner, assistant_drafters(assistants or {}, limits, self.pool, device),
+                               set(eos_token_ids), tokenizer)  # fmt: skip
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer)
         self.sampler = BatchSampler(device)
@@ -106,7 +78,7 @@ class Engine:
         self.limits = limits
         self.emit = emit
         self.strategies: dict[str, DecodingStrategy] = {}  # request id -> its running strategy
-        # custom_generate requests: exclusive jobs run between steps (decoding/custom_job.py)
+        # custom_generate requests: exclusive jobs run between steps (decoding/custom/jobs.py)
         self.custom = CustomJobs(model, tokenizer, eos_token_ids, device, lambda out: self.emit(out),
                                  lambda: self.observer, limits.request_timeout, custom_methods)  # fmt: skip
 

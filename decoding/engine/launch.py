@@ -20,7 +20,8 @@ from decoding.client_api import ServedModel
 from decoding.config import EngineConfig
 from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine.client import WorkerEngineClient
-from decoding.engine.core import Engine, EngineLimits
+from decoding.engine.core import Engine
+from decoding.engine.limits import EngineLimits
 from decoding.engine.warmup import warm_up
 from decoding.engine.worker import Worker
 from decoding.kv.memory import kv_cache_bytes

@@ -1,0 +1,59 @@
+"""What the engine is sized by: its limits, and the KV pools they size (the target's and each assistant's).
+
+Contrastive search scores its candidates in scratch positions after a row (at most
+``MAX_CONTRASTIVE_TOP_K``), so every row's room is the context plus that scratch; a pool that cannot
+hold one request of the longest context is refused at start, with the flag to change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.engine.drafting import make_assistant
+from decoding.kv.pool import DEFAULT_BLOCK_SIZE, KVPool
+from decoding.params import MAX_CONTRASTIVE_TOP_K
+
+
+@dataclass
+class EngineLimits:
+    max_model_len: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+    request_timeout: float | None = None
+    kv_cache_bytes: int | None = None  # the KV pool's size; None: every row at full length
+    kv_cache_blocks: int | None = None  # or its size in blocks (tests and benchmarks)
+    block_size: int = DEFAULT_BLOCK_SIZE
+    prefix_caching: bool = True
+
+
+def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.device) -> KVPool:
+    """The target's pool, refused at start when one request of ``max_model_len`` cannot fit."""
+    scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
+    pool = KVPool.for_model(
+        model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
+        memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
+        prefix_caching=limits.prefix_caching,
+    )  # fmt: skip
+    if pool.blocks.num_blocks < pool.blocks_for(limits.max_model_len + scratch):
+        raise ValueError(
+            f"--kv-cache-memory holds {pool.blocks.num_blocks * pool.block_size} tokens, fewer than "
+            f"one request of --max-model-len {limits.max_model_len} needs; raise it or lower --max-model-len"
+        )
+    return pool
+
+
+def assistant_drafters(
+    assistants: dict[str, object], limits: EngineLimits, pool: KVPool, device: torch.device
+) -> dict[str, object]:
+    """``assistants``: name -> a model sharing the target's tokenizer, or a ``(model, tokenizer, eos
+    ids)`` tuple for one that drafts through text; each gets a pool twice the target's (drafts run ahead)."""
+    drafters = {}
+    for name, assistant in assistants.items():
+        model, tokenizer, eos = assistant if isinstance(assistant, tuple) else (assistant, None, None)
+        drafters[name] = make_assistant(
+            name, model, limits.max_num_seqs, 2 * limits.max_model_len + MAX_CONTRASTIVE_TOP_K, device, tokenizer,
+            eos, num_blocks=2 * pool.blocks.num_blocks,
+        )  # fmt: skip
+    return drafters
