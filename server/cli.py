@@ -10,7 +10,7 @@ import sys
 from types import FrameType
 
 from server.access_log import configure_logging
-from server.settings import add_arguments, config_path, load_settings
+from server.config_sources import add_arguments, config_path, load_settings
 
 logger = logging.getLogger(__name__)
 

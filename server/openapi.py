@@ -1,6 +1,6 @@
 """``/openapi.json`` as the server really behaves: ranges, the served names, every error status.
 
-FastAPI derives the request schemas from ``server.protocol`` but knows nothing of what
+FastAPI derives the request schemas from ``server.schemas`` but knows nothing of what
 ``decoding.params.validate`` and the model add: the bounds of each knob (``decoding.params.BOUNDS``,
 the same table ``validate`` enforces), token ids below the vocabulary size, ``max_tokens`` up to
 the context, ``n`` and ``num_beams`` up to what the batch holds, the model names this replica

@@ -26,8 +26,9 @@ from pydantic import ValidationError
 
 from decoding import ParameterError
 from server.auth import require_api_key
-from server.protocol import WARPERS, GenerationFields
-from server.settings import SOURCE_CONFIG, packaged_config
+from server.config_sources import SOURCE_CONFIG, packaged_config
+from server.generation_fields import GenerationFields
+from server.translate import is_greedy, sampling_only, to_params
 
 PRESETS_DIR = "presets"
 # transformers writes these into every GenerationConfig file; they are not knobs
@@ -46,7 +47,6 @@ ALIASES = {
     "num_return_sequences": ("n", "num_return_sequences"),
     "do_sample": ("do_sample", "temperature"),  # OpenAI's temperature decides sampling when the request sets it
 }
-SAMPLING_ONLY = ("do_sample", "temperature", "top_p", *WARPERS)
 
 Body = TypeVar("Body", bound=GenerationFields)
 
@@ -82,7 +82,7 @@ def load_preset(path: Path) -> Preset:
         field = ".".join(str(part) for part in error["loc"])
         raise PresetError(f"preset file {path}: field '{field}': {error['msg']}") from None
     try:
-        validated.to_params(default_max_tokens=16)
+        to_params(validated, default_max_tokens=16)
     except ParameterError as exc:
         raise PresetError(f"preset file {path}: field '{exc.param}': {exc.message}") from None
     fields = {key: getattr(validated, key) for key in config}
@@ -127,16 +127,12 @@ class Presets:
                 code="preset_not_found",
             )
         given = body.model_fields_set
-        if "do_sample" in given:
-            greedy = body.do_sample is False
-        else:
-            greedy = "temperature" in given and body.temperature == 0
+        greedy = is_greedy(body)
         updates = {}
         for key, value in preset.fields.items():
             if key in given or any(alias in given for alias in ALIASES.get(key, ())):
                 continue
-            contrastive_top_k = key == "top_k" and preset.fields.get("penalty_alpha")
-            if greedy and key in SAMPLING_ONLY and not contrastive_top_k:
+            if greedy and sampling_only(key, preset.fields.get("penalty_alpha")):
                 continue  # the request asked for greedy decoding: the preset's sampling knobs do not apply
             updates[key] = value
         return body.model_copy(update=updates)

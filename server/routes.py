@@ -1,7 +1,7 @@
 """Thin handlers: parse, tokenize and check through the engine client, submit, format.
 
-The request's path: ``server.protocol`` maps the body to ``GenerationParams``; the engine client
-tokenizes off the event loop and checks the request against the model
+The request's path: ``server.translate`` maps the body (``server.schemas``) to ``GenerationParams``;
+the engine client tokenizes off the event loop and checks the request against the model
 (``decoding.params.model_checks``); ``respond`` submits one engine request per prompt and hands the
 streams to ``server.streaming`` with the endpoint's formatter from ``server.responses``.
 """
@@ -20,8 +20,8 @@ from server.auth import require_api_key
 from server.errors import APIError, unavailable
 from server.guidance import with_negative_prompt_ids
 from server.presets import presets_of
-from server.protocol import ChatCompletionRequest, CompletionRequest
 from server.responses import ChatFormat, CompletionFormat, now
+from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.streaming import collect_all, sse_events, until_disconnect
 from server.watermark_protocol import with_server_watermark
 

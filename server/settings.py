@@ -1,33 +1,22 @@
-"""Server settings: the only module that reads environment variables.
+"""Server settings: the one table of every setting, its type, default and help text.
 
-Precedence: command-line flag > ``DECODA_<NAME>`` environment variable > the config file >
-built-in default. One table drives all four, so a flag, its variable and its yaml key can never
-drift apart.
-
-The config file is ``--config FILE`` or ``DECODA_CONFIG`` when given (then it must exist), else
-the first of: ``config/server.yaml`` in the working directory (the Docker image's ``/app``, or a
-checkout), the checkout's own ``config/server.yaml``, and the copy ``pip install .`` ships inside
-the package (``server/defaults/``, see pyproject.toml).
+Each field is a flag, a ``DECODA_<NAME>`` environment variable and a key of config/server.yaml at
+once; ``server.config_sources`` reads those from this table, so the three can never drift apart.
+What a value must satisfy beyond its type is checked once at start (``Settings.check``), and
+``engine_config`` hands the engine its part.
 """
 
 from __future__ import annotations
 
-import argparse
-import importlib.util
-import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
 
-CONFIG_NAME = "server.yaml"
-SOURCE_CONFIG = Path(__file__).resolve().parent.parent / "config" / CONFIG_NAME  # in a checkout
-PACKAGED_CONFIG = "server.defaults"  # config/ as installed package data (pyproject.toml)
+LOG_FORMATS = ("text", "json")
+QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
 
 
 @dataclass
@@ -166,6 +155,23 @@ class Settings:
             cache_dir=self.cache_dir,
         )
 
+    def check(self) -> None:
+        """The start-up checks a field's type cannot state; a ValueError names the setting (or the file)
+        so that ``decoda serve`` fails before loading anything."""
+        if self.quantization not in QUANTIZATION_MODES:
+            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        for name in ("max_request_bytes", "max_concurrency_per_key"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
+        if self.watermark:  # a bad file fails at start, naming the file and the field
+            WatermarkingConfig.from_file(self.watermark)
+        keys = self.api_keys()  # a named keys file that is missing or unreadable fails at startup
+        if self.protect_metrics and not keys:
+            raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
+
 
 def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
     """``"a=smollm2-135m-instruct,gemma3-270m"`` -> ``[("a", "smollm2-135m-instruct"), (None, "gemma3-270m")]``
@@ -178,126 +184,3 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
         name, sep, model = item.partition("=")
         out.append((name.strip(), model.strip()) if sep else (None, item))
     return out
-
-
-# flags given several times; comma-joined like env and yaml
-REPEATABLE = ("assistant_model", "api_key", "custom_generate")
-LOG_FORMATS = ("text", "json")
-QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
-
-
-def env_name(name: str) -> str:
-    return f"DECODA_{name.upper()}"
-
-
-def _kind(f: Any) -> type:
-    text = str(f.type)
-    for kind in (bool, int, float):
-        if kind.__name__ in text:
-            return kind
-    return str
-
-
-def _convert(kind: type, raw: Any, source: str) -> Any:
-    if raw is None or isinstance(raw, kind) and not (kind is int and isinstance(raw, bool)):
-        return raw
-    text = str(raw).strip()
-    if text.lower() in ("", "none", "null"):
-        return None
-    if kind is bool:
-        if text.lower() in ("1", "true", "yes", "on"):
-            return True
-        if text.lower() in ("0", "false", "no", "off"):
-            return False
-        raise ValueError(f"{source}: expected true/false, got {raw!r}")
-    try:
-        return kind(text)
-    except ValueError:
-        raise ValueError(f"{source}: expected {kind.__name__}, got {raw!r}") from None
-
-
-def packaged_config() -> Path | None:
-    """The server.yaml installed with the package, if this is an installed copy."""
-    try:
-        spec = importlib.util.find_spec(PACKAGED_CONFIG)
-    except ModuleNotFoundError:
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations))) / CONFIG_NAME
-
-
-def default_config() -> Path | None:
-    """The defaults file when none is named: the working directory's, the checkout's, the installed one."""
-    for candidate in (Path.cwd() / "config" / CONFIG_NAME, SOURCE_CONFIG, packaged_config()):
-        if candidate is not None and candidate.is_file():
-            return candidate
-    return None
-
-
-def config_path(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Path | None:
-    """The YAML file ``load_settings`` reads (None: built-in defaults only); a named one must exist."""
-    environ = os.environ if environ is None else environ
-    named = (vars(args).get("config") if args is not None else None) or environ.get("DECODA_CONFIG")
-    if named:
-        if not Path(named).is_file():
-            raise ValueError(f"config file not found: {named}")
-        return Path(named)
-    return default_config()
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--config",
-        default=None,
-        help="YAML settings file (env DECODA_CONFIG; default ./config/server.yaml, else the one installed with Decoda)",
-    )
-    for f in fields(Settings):
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f"{f.metadata.get('help', '')} [env {env_name(f.name)}; default {f.default}]"
-        if f.name in REPEATABLE:
-            parser.add_argument(flag, dest=f.name, default=None, action="append", help=help_text)
-        elif _kind(f) is bool:
-            parser.add_argument(flag, dest=f.name, default=None, action=argparse.BooleanOptionalAction, help=help_text)
-        else:
-            parser.add_argument(flag, dest=f.name, default=None, help=help_text)
-
-
-def load_settings(args: argparse.Namespace | None = None, environ: dict[str, str] | None = None) -> Settings:
-    environ = dict(os.environ if environ is None else environ)
-    cli = vars(args) if args is not None else {}
-    path = config_path(args, environ)
-    from_file: dict[str, Any] = {}
-    if path is not None:
-        from_file = yaml.safe_load(path.read_text()) or {}
-        unknown = set(from_file) - {f.name for f in fields(Settings)}
-        if unknown:
-            raise ValueError(f"{path}: unknown settings {sorted(unknown)}")
-    values: dict[str, Any] = {}
-    for f in fields(Settings):
-        kind = _kind(f)
-        if isinstance(cli.get(f.name), list):  # a repeatable flag
-            values[f.name] = ",".join(cli[f.name])
-        elif isinstance(from_file.get(f.name), list) and cli.get(f.name) is None and env_name(f.name) not in environ:
-            values[f.name] = ",".join(str(v) for v in from_file[f.name])
-        elif cli.get(f.name) is not None:
-            values[f.name] = _convert(kind, cli[f.name], "--" + f.name.replace("_", "-"))
-        elif env_name(f.name) in environ:
-            values[f.name] = _convert(kind, environ[env_name(f.name)], env_name(f.name))
-        elif f.name in from_file:
-            values[f.name] = _convert(kind, from_file[f.name], f"{path}:{f.name}")
-    settings = Settings(**values)
-    if settings.quantization not in QUANTIZATION_MODES:
-        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {settings.quantization!r}")
-    if settings.log_format not in LOG_FORMATS:
-        raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {settings.log_format!r}")
-    for name in ("max_request_bytes", "max_concurrency_per_key"):
-        if getattr(settings, name) < 0:
-            raise ValueError(f"{name} must be >= 0, got {getattr(settings, name)}")
-    require_trust(parse_custom_generate(settings.custom_generate), settings.trust_remote_code)
-    if settings.watermark:  # a bad file fails at start, naming the file and the field
-        WatermarkingConfig.from_file(settings.watermark)
-    keys = settings.api_keys()  # a named keys file that is missing or unreadable fails at startup
-    if settings.protect_metrics and not keys:
-        raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
-    return settings

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from server.auth import key_digests, token_matches
-from server.settings import Settings, add_arguments, load_settings
+from server.config_sources import add_arguments, load_settings
+from server.settings import Settings
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, run
 

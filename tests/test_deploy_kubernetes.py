@@ -21,7 +21,8 @@ import pytest
 import yaml
 
 from server.cli import DRAIN_MARGIN
-from server.settings import Settings, env_name
+from server.config_sources import env_name
+from server.settings import Settings
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"

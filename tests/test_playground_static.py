@@ -15,9 +15,10 @@ import pytest
 
 from server.app import create_app
 from server.cli import build_parser
+from server.config_sources import load_settings
 from server.playground import STATIC_DIR, static_files
-from server.protocol import ChatCompletionRequest
-from server.settings import Settings, load_settings
+from server.schemas import ChatCompletionRequest
+from server.settings import Settings
 from server.watermark_protocol import WatermarkingConfigBody
 from tests.fake_engine import FakeEngineClient
 
@@ -89,7 +90,7 @@ def test_no_playground_serves_the_api_only():
 
 
 def test_every_field_the_page_sends_is_one_the_api_accepts():
-    """knobs.js names each knob by its request field; a rename in server/protocol.py must not leave
+    """knobs.js names each knob by its request field; a rename in server/schemas.py must not leave
     the page sending a field the server rejects as unknown."""
     knobs = (STATIC_DIR / "js" / "knobs.js").read_text()
     fields = knobs[knobs.index("export const FIELDS") : knobs.index("};\n")]

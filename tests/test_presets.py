@@ -69,7 +69,7 @@ def test_transformers_reads_each_preset_and_resolves_the_same_mode(path):
 
 
 def _body(name: str):  # noqa: ANN202
-    from server.protocol import CompletionRequest
+    from server.schemas import CompletionRequest
 
     return CompletionRequest(prompt="hi", generation_preset=name)
 

@@ -1,7 +1,7 @@
 // What the strategy picker offers: every decoding strategy and its knobs, by their HF names.
 //
 // The page never validates a knob itself: it sends what the user typed and shows the server's
-// 400 message next to the field the error's `param` names (server/protocol.py and
+// 400 message next to the field the error's `param` names (server/translate.py and
 // decoding/params.py are the single source of truth). So a field here only says how to render
 // and convert a value, never which values are allowed.
 //

@@ -1,0 +1,126 @@
+"""The generation fields both OpenAI endpoints share: one strict pydantic table, OpenAI's names first.
+
+This is what a client may send, not what it means: ``server.translate`` turns it into
+``GenerationParams`` and ``server.schemas`` adds each endpoint's own fields. Presets
+(``server.presets``) are checked against this same table, so a preset file can only hold what a
+request could. Models forbid unknown fields (a typo like ``num_beam`` is a 400 naming it) and are
+strict about types; the one exception is a ``custom_generate`` request, whose other fields are the
+method's keyword arguments and are set aside for ``decoding`` to check against its signature.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, PrivateAttr, model_validator
+
+from server.watermark_protocol import WatermarkingConfigBody
+
+
+class Strict(BaseModel):
+    """A request body part: unknown fields and loose types are 400s."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(Strict):
+    include_usage: bool = False
+
+
+class GenerationFields(Strict):
+    """Fields shared by both endpoints: OpenAI's, then transformers' GenerationConfig names."""
+
+    model: str | None = None  # optional: this server serves one target model
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    n: int = 1
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    # transformers GenerationConfig knobs
+    do_sample: bool | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    typical_p: float | None = None
+    epsilon_cutoff: float | None = None
+    eta_cutoff: float | None = None
+    repetition_penalty: float | None = None
+    no_repeat_ngram_size: int | None = None
+    bad_words_ids: list[list[int]] | None = None
+    suppress_tokens: list[int] | None = None
+    min_new_tokens: int | None = None
+    min_tokens: int | None = None  # vLLM's name for min_new_tokens
+    max_new_tokens: int | None = None
+    max_time: float | None = None
+    num_beams: int | None = None
+    num_beam_groups: int | None = None
+    diversity_penalty: float | None = None
+    length_penalty: float | None = None
+    early_stopping: bool | Literal["never"] | None = None
+    num_return_sequences: int | None = None
+    penalty_alpha: float | None = None
+    dola_layers: Literal["low", "high"] | list[int] | None = None
+    prompt_lookup_num_tokens: int | None = None
+    max_matching_ngram_size: int | None = None
+    num_assistant_tokens: int | None = None
+    num_assistant_tokens_schedule: str | None = None
+    assistant_confidence_threshold: float | None = None
+    assistant_early_exit: int | None = None
+    # serving extensions
+    assistant_model: str | None = None
+    generation_preset: str | None = None
+    custom_generate: str | None = None
+    stop_token_ids: list[int] | None = None
+    ignore_eos: bool = False
+    return_token_ids: bool = False
+    skip_special_tokens: bool = True
+    stop_strings: str | list[str] | None = None  # HF's: kept in the output (OpenAI's stop trims)
+    # pairs as JSON arrays (strict models refuse arrays for tuples); their shape is checked in validate()
+    sequence_bias: list[list[list[int] | float]] | None = None  # [[token_ids, bias], ...]
+    exponential_decay_length_penalty: list[int | float] | None = None  # [start_index, decay_factor]
+    begin_suppress_tokens: list[int] | None = None
+    forced_bos_token_id: int | None = None
+    forced_eos_token_id: int | list[int] | None = None
+    renormalize_logits: bool | None = None
+    max_length: int | None = None  # prompt + generated; max_tokens / max_new_tokens win when both are given
+    min_length: int | None = None  # prompt + generated; min_new_tokens / min_tokens win when both are given
+    token_healing: bool | None = None
+    watermarking_config: WatermarkingConfigBody | None = None  # default: the server's --watermark
+    guidance_scale: float | None = None
+    negative_prompt: str | None = None
+    negative_prompt_ids: list[int] | None = None
+    # with custom_generate, the body's other fields are the method's keyword arguments (checked against
+    # its signature in decoding.validation); without it they stay unknown fields (400 naming the first)
+    _custom_generate_args: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _split_custom_generate_args(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        extra: dict[str, Any] = {}
+        if isinstance(data, dict) and data.get("custom_generate") is not None:
+            extra = {k: v for k, v in data.items() if k not in cls.model_fields}
+            data = {k: v for k, v in data.items() if k in cls.model_fields}
+        model = handler(data)
+        if extra:
+            model._custom_generate_args = extra
+        return model
+
+
+    @property
+    def custom_generate_args(self) -> dict[str, Any]:
+        """The body's fields beyond this table when it names a ``custom_generate`` method (else empty)."""
+        return self._custom_generate_args
+
+    def max_token_fields(self) -> dict[str, int | None]:
+        """The fields that each give the new-token limit, as sent (None: not sent); they must agree."""
+        return {"max_tokens": self.max_tokens, "max_new_tokens": self.max_new_tokens}
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)

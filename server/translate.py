@@ -1,0 +1,283 @@
+"""What a request body means: ``GenerationFields`` into ``decoding.GenerationParams``.
+
+The body (``server.generation_fields``) holds what the client sent; this module owns OpenAI's
+meaning of it (temperature 0 is greedy, ``n``, ``stop``, ``logprobs``) and where each knob left out
+comes from: request > preset > the model's generation_config.json > server default (``Defaults``;
+a preset is already merged into the request by ``server.presets``). Names and JSON shapes of the
+GenerationConfig knobs are HF's, as ``GenerationConfig.to_json_string()`` writes them.
+
+``decoding.params.validate`` then checks every knob once, at the end of ``to_params``. What is
+checked here instead only makes sense on the request as sent: aliases that disagree
+(``n`` / ``num_return_sequences``…), a warper set on a greedy request (the params cannot tell it
+from a model default) and OpenAI's temperature range before 0 turns into greedy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from decoding import GenerationParams, ParameterError
+from decoding.params import BOUNDS, validate
+from decoding.params.model_defaults import HONOURED
+from server.generation_fields import GenerationFields
+
+# knobs a model's generation_config.json may default (request > model > server default); the keys it
+# sets that the server does not use are logged at load with the reason (decoding.model_defaults)
+MODEL_DEFAULTABLE = tuple(sorted(HONOURED))
+WARPERS = ("top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff")
+SAMPLING_ONLY = ("do_sample", "temperature", "top_p", *WARPERS)
+
+
+@dataclass(frozen=True)
+class Defaults:
+    """Where a knob's value comes from: the field the request set (not to null), else the model's
+    generation_config.json, else the server's default named by the caller."""
+
+    body: GenerationFields
+    model: dict[str, Any]  # the model's generation_config knobs this server honours
+
+    @classmethod
+    def of(cls, body: GenerationFields, model_defaults: dict[str, Any] | None) -> Defaults:
+        return cls(body, {k: v for k, v in (model_defaults or {}).items() if k in MODEL_DEFAULTABLE})
+
+    def resolve(self, name: str, server_default: Any) -> Any:
+        value = getattr(self.body, name)
+        if name in self.body.model_fields_set and value is not None:
+            return value
+        return self.model.get(name, server_default)
+
+
+def to_params(
+    body: GenerationFields,
+    *,
+    default_max_tokens: int,
+    model_defaults: dict[str, Any] | None = None,
+    logprobs: int | None = None,
+    prompt_logprobs: int | None = None,
+) -> GenerationParams:
+    """The validated params of ``body``; a wrong field is a ``ParameterError`` naming it."""
+    defaults = Defaults.of(body, model_defaults)
+    temperature = checked_temperature(defaults)
+    do_sample = samples(body, defaults, temperature)
+    if not do_sample:
+        refuse_warpers(body)
+    check_aliases(body)
+    params = GenerationParams(  # grouped in the order the values are worked out
+        max_new_tokens=max_new_tokens(body, defaults, default_max_tokens),
+        min_new_tokens=min_new_tokens(body, defaults),
+        ignore_eos=body.ignore_eos,
+        max_time=defaults.resolve("max_time", None),
+        do_sample=do_sample,
+        temperature=float(temperature) if do_sample else 1.0,
+        **_processor_arguments(defaults),
+        **_beam_arguments(body, defaults),
+        **_strategy_arguments(body),
+        **_output_arguments(body, logprobs, prompt_logprobs),
+        **_hf_knob_arguments(body, defaults),
+        watermarking_config=body.watermarking_config.config() if body.watermarking_config else None,
+        guidance_scale=body.guidance_scale,
+        negative_prompt=body.negative_prompt,
+        negative_prompt_ids=body.negative_prompt_ids,
+        custom_generate_args=dict(body.custom_generate_args) or None,
+    )
+    validate(params)
+    return params
+
+
+# ---- greedy or sampling ------------------------------------------------------------------------------
+def checked_temperature(defaults: Defaults) -> float:
+    """OpenAI's temperature (default 1), range-checked here: a greedy request's params carry temperature 1."""
+    temperature = defaults.resolve("temperature", 1.0)
+    bounds = BOUNDS["temperature"]
+    if not bounds.admits(temperature):
+        raise ParameterError(f"temperature must be {bounds.describe()}, got {temperature}", param="temperature")
+    return temperature
+
+
+def samples(body: GenerationFields, defaults: Defaults, temperature: float) -> bool:
+    """Whether the request samples: its ``do_sample``; else what a temperature it sent means (0: greedy);
+    else the model's ``do_sample``; else whether the default temperature is above 0."""
+    if "do_sample" in body.model_fields_set and body.do_sample is not None:
+        return body.do_sample
+    if "temperature" in body.model_fields_set:
+        return temperature > 0
+    return bool(defaults.model.get("do_sample", temperature > 0))
+
+
+def is_greedy(body: GenerationFields) -> bool:
+    """Whether the request itself asks for greedy decoding (``do_sample: false``, else ``temperature: 0``),
+    before any default: a preset's sampling knobs give way to it (``server.presets``)."""
+    if "do_sample" in body.model_fields_set:
+        return body.do_sample is False
+    return "temperature" in body.model_fields_set and body.temperature == 0
+
+
+def sampling_only(name: str, penalty_alpha: float | None) -> bool:
+    """Whether knob ``name`` matters only when sampling; under contrastive search (``penalty_alpha``)
+    ``top_k`` is the number of candidates, so it matters without sampling too."""
+    return name in SAMPLING_ONLY and not (name == "top_k" and penalty_alpha)
+
+
+def refuse_warpers(body: GenerationFields) -> None:
+    """A warper the greedy request set itself is a 400 (its params could not tell it from a model default)."""
+    for name in WARPERS:
+        sent = name in body.model_fields_set and getattr(body, name) not in (None, 0)
+        if sent and sampling_only(name, body.penalty_alpha):
+            raise ParameterError(
+                f"{name} only applies when sampling; this request is greedy (temperature 0 or do_sample false)",
+                param=name,
+            )
+
+
+def check_aliases(body: GenerationFields) -> None:
+    """Two names the request gives for one knob must agree: min tokens, then ``n``, then max tokens."""
+    if body.min_new_tokens is not None and body.min_tokens is not None and body.min_new_tokens != body.min_tokens:
+        raise ParameterError("min_new_tokens and min_tokens disagree; give one", param="min_tokens")
+    if body.num_return_sequences is not None and "n" in body.model_fields_set and body.n != body.num_return_sequences:
+        raise ParameterError(
+            f"n ({body.n}) and num_return_sequences ({body.num_return_sequences}) disagree; give one",
+            param="num_return_sequences",
+        )
+    given = {k: v for k, v in body.max_token_fields().items() if v is not None}
+    if len(set(given.values())) > 1:
+        names = " and ".join(given)
+        raise ParameterError(f"{names} disagree ({given}); give one", param=next(iter(given)))
+
+
+# ---- lengths -----------------------------------------------------------------------------------------
+# ``max_length`` and ``min_length`` count the prompt, as in HF. HF's precedence between the two ways of
+# giving a length is kept: a request's max_new_tokens (or OpenAI's max_tokens / max_completion_tokens)
+# wins over its max_length, its min_new_tokens (min_tokens) over its min_length; a length the request
+# gives beats one the model's file gives.
+def max_new_tokens(body: GenerationFields, defaults: Defaults, default_max_tokens: int) -> int | None:
+    """The request's own limit (its names agree: ``check_aliases``), else the model's, else the endpoint's."""
+    given = [v for v in body.max_token_fields().values() if v is not None]
+    return given[0] if given else defaults.model.get("max_new_tokens", default_max_tokens)
+
+
+def min_new_tokens(body: GenerationFields, defaults: Defaults) -> int:
+    """The request's min_new_tokens (or vLLM's min_tokens); else none when it gives min_length; else the model's."""
+    if body.min_new_tokens is not None or body.min_tokens is not None:
+        return body.min_new_tokens if body.min_new_tokens is not None else body.min_tokens
+    return 0 if body.min_length is not None else int(defaults.resolve("min_new_tokens", 0) or 0)
+
+
+def max_length(body: GenerationFields) -> int | None:
+    """Only the request's own max_length (the model's is not used: decoding.model_defaults says why)."""
+    gives_new = any(v is not None for v in body.max_token_fields().values())
+    return None if gives_new else body.max_length
+
+
+def min_length(body: GenerationFields, defaults: Defaults) -> int:
+    if body.min_new_tokens is not None or body.min_tokens is not None:
+        return 0  # HF: min_new_tokens wins over min_length
+    if body.min_length is not None:
+        return body.min_length
+    # the model's file: the same rule
+    return 0 if defaults.resolve("min_new_tokens", 0) else int(defaults.resolve("min_length", 0) or 0)
+
+
+# ---- the other fields, by family ---------------------------------------------------------------------
+def _processor_arguments(defaults: Defaults) -> dict[str, Any]:
+    """Warpers and logits processors: request > model > server default."""
+    resolve = defaults.resolve
+    return {
+        "top_k": resolve("top_k", None) or None,
+        "top_p": float(resolve("top_p", 1.0)),
+        "min_p": resolve("min_p", None),
+        "typical_p": float(resolve("typical_p", 1.0)),
+        "epsilon_cutoff": resolve("epsilon_cutoff", 0.0) or 0.0,
+        "eta_cutoff": resolve("eta_cutoff", 0.0) or 0.0,
+        "repetition_penalty": float(resolve("repetition_penalty", 1.0)),
+        "no_repeat_ngram_size": resolve("no_repeat_ngram_size", 0) or 0,
+        "bad_words_ids": resolve("bad_words_ids", None),
+        "suppress_tokens": resolve("suppress_tokens", None),
+    }
+
+
+def _beam_arguments(body: GenerationFields, defaults: Defaults) -> dict[str, Any]:
+    """Beam search: the request chooses it; the model's beam-only defaults apply once it has."""
+    return {
+        "num_beams": 1 if body.num_beams is None else body.num_beams,
+        "num_beam_groups": 1 if body.num_beam_groups is None else body.num_beam_groups,
+        "diversity_penalty": (defaults.resolve("diversity_penalty", 0.0) if (body.num_beam_groups or 1) > 1
+                              else body.diversity_penalty) or 0.0,  # fmt: skip
+        "length_penalty": float(defaults.resolve("length_penalty", 1.0)),
+        "early_stopping": defaults.resolve("early_stopping", False),
+        "num_return_sequences": body.num_return_sequences or 1,
+    }
+
+
+def _strategy_arguments(body: GenerationFields) -> dict[str, Any]:
+    """The knobs that select a strategy: from the request alone (a model cannot switch an OpenAI client's)."""
+    return {
+        "penalty_alpha": body.penalty_alpha,
+        "dola_layers": body.dola_layers,
+        "prompt_lookup_num_tokens": body.prompt_lookup_num_tokens,
+        "max_matching_ngram_size": body.max_matching_ngram_size,
+        "num_assistant_tokens": body.num_assistant_tokens,
+        "num_assistant_tokens_schedule": body.num_assistant_tokens_schedule,
+        "assistant_confidence_threshold": body.assistant_confidence_threshold,
+        "assistant_early_exit": body.assistant_early_exit,
+        "assistant_model": body.assistant_model,
+    }
+
+
+def _output_arguments(body: GenerationFields, logprobs: int | None, prompt_logprobs: int | None) -> dict[str, Any]:
+    """OpenAI's fields: how many completions, where they stop, biases and penalties, what comes back."""
+    return {
+        "n": body.n if body.num_return_sequences is None else body.num_return_sequences,  # HF's name for n
+        "seed": body.seed,
+        "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or []),
+        "stop_token_ids": list(body.stop_token_ids or []),
+        "logit_bias": _logit_bias(body.logit_bias),
+        "presence_penalty": body.presence_penalty,
+        "frequency_penalty": body.frequency_penalty,
+        "logprobs": logprobs,
+        "prompt_logprobs": prompt_logprobs,
+        "skip_special_tokens": body.skip_special_tokens,
+        "generation_preset": body.generation_preset,
+        "custom_generate": body.custom_generate,
+    }
+
+
+def _hf_knob_arguments(body: GenerationFields, defaults: Defaults) -> dict[str, Any]:
+    """The newer GenerationConfig knobs in HF's JSON shapes: ``sequence_bias`` a list of
+    ``[token_ids, bias]`` pairs, ``exponential_decay_length_penalty`` ``[start_index, decay_factor]``,
+    ``stop_strings`` a string or a list; each falls back to the model's file when the request leaves it out."""
+    stop_strings = defaults.resolve("stop_strings", None)
+    sequence_bias = defaults.resolve("sequence_bias", None)
+    decay = defaults.resolve("exponential_decay_length_penalty", None)
+    return {
+        "stop_strings": [stop_strings] if isinstance(stop_strings, str) else stop_strings,
+        "sequence_bias": None if sequence_bias is None else [_pair(p) for p in sequence_bias],
+        "exponential_decay_length_penalty": None if decay is None else _pair(decay, tuple),
+        "begin_suppress_tokens": defaults.resolve("begin_suppress_tokens", None),
+        "forced_bos_token_id": defaults.resolve("forced_bos_token_id", None),
+        "forced_eos_token_id": defaults.resolve("forced_eos_token_id", None),
+        "renormalize_logits": bool(defaults.resolve("renormalize_logits", False)),
+        "max_length": max_length(body),
+        "min_length": min_length(body, defaults),
+        "token_healing": bool(body.token_healing),
+    }
+
+
+def _pair(value: Any, kind: type = list) -> Any:
+    """``[a, number]`` with the number as a float; anything else as sent, for validate() to name."""
+    if isinstance(value, (list, tuple)) and len(value) == 2 and isinstance(value[1], (int, float)):
+        first = list(value[0]) if isinstance(value[0], (list, tuple)) else value[0]
+        return kind([first, float(value[1])])
+    return kind(value) if isinstance(value, (list, tuple)) else value
+
+
+def _logit_bias(bias: dict[str, float] | None) -> dict[int, float] | None:
+    if not bias:
+        return None
+    out = {}
+    for key, value in bias.items():
+        try:
+            out[int(key)] = float(value)
+        except ValueError:
+            raise ParameterError(f"logit_bias keys must be token ids, got {key!r}", param="logit_bias") from None
+    return out
