@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from decoding.outputs import RequestOutput
-from decoding.params import GenerationParams
+from decoding.params import GenerationParams, ParameterError
 from decoding.params.model_checks import ModelFacts, check_against_model
 
 
@@ -90,6 +90,17 @@ class EngineClient(ABC):
         Raises ``ParameterError`` naming the field; called before ``generate``.
         """
         check_against_model(params, self.facts, prompts, prompt_param)
+
+    async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
+        """``params`` with its structured output compiled (``compiled_grammar``), off the event loop.
+
+        Raises ``ParameterError`` naming the field the constraint came from when it does not
+        compile; an engine without a grammar compiler refuses every constraint the same way.
+        """
+        spec = params.structured_output
+        if spec is None:
+            return params
+        raise ParameterError(f"{spec.param} is not supported by this engine", param=spec.param, code="unsupported")
 
     @abstractmethod
     def generate(

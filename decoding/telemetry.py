@@ -31,3 +31,6 @@ class EngineObserver:
     def on_speculation(self, proposer: str, num_drafted: int, num_accepted: int) -> None:
         """One verification of ``num_drafted`` draft tokens by ``proposer`` (an assistant's name,
         ``prompt_lookup`` or ``early_exit``), of which the first ``num_accepted`` were kept."""
+
+    def on_grammar_compiled(self, cached: bool, seconds: float) -> None:
+        """A structured output's constraint was compiled (``seconds``) or found compiled (``cached``)."""

@@ -17,6 +17,7 @@ DECODING_LAYERS = (
     ("decoding.outputs", "decoding.config", "decoding.telemetry"),
     ("decoding.params",),
     ("decoding.client_api", "decoding"),  # the torch-free facade the server imports
+    ("decoding.structured",),
     ("decoding.text",),
     ("decoding.kv",),
     ("decoding.model",),

@@ -23,8 +23,11 @@ from decoding.engine.worker import Worker
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
 from decoding.params.model_checks import ModelFacts
+from decoding.structured.compiler import GrammarCompiler
+from decoding.telemetry import EngineObserver
 
 T = TypeVar("T")
+COMPILE_TIMEOUT_S = 10.0  # llguidance's fuel limits bound a compile well below this; the wait is the backstop
 logger = logging.getLogger(__name__)
 
 
@@ -40,6 +43,8 @@ class WorkerEngineClient(EngineClient):
         assistants: list[ServedModel] | None = None,
         generation_defaults: dict | None = None,
         default_assistant: str | None = None,
+        compiler: GrammarCompiler | None = None,
+        observer: EngineObserver | None = None,
     ) -> None:
         self.worker = worker
         self.tokenizer = tokenizer
@@ -57,6 +62,10 @@ class WorkerEngineClient(EngineClient):
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
         self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-tokenizer")
+        # structured outputs compile on a thread of their own: a slow grammar never delays tokenizing
+        self._compiler = compiler
+        self._compile_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-grammar")
+        self._observer = observer or EngineObserver()
 
     # ---- model facts -------------------------------------------------------------------------------
     @property
@@ -102,6 +111,20 @@ class WorkerEngineClient(EngineClient):
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return await self._off_loop(lambda: self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    # ---- structured outputs, on the compile thread --------------------------------------------------------
+    async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
+        spec = params.structured_output
+        if spec is None or self._compiler is None:
+            return await super().compile_structured_output(params)
+        work = asyncio.get_running_loop().run_in_executor(self._compile_thread, self._compiler.compile, spec)
+        try:
+            compiled, cached = await asyncio.wait_for(work, COMPILE_TIMEOUT_S)
+        except TimeoutError as error:
+            raise ParameterError(f"{spec.param}: compiling the constraint took more than {COMPILE_TIMEOUT_S:g} s; "
+                                 "simplify it", param=spec.param, code="invalid_schema") from error  # fmt: skip
+        self._observer.on_grammar_compiled(cached, compiled.seconds)
+        return params.replace(compiled_grammar=compiled)
 
     # ---- generation ----------------------------------------------------------------------------------
     def generate(

@@ -31,6 +31,7 @@ from decoding.model.compile import compile_layers
 from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
 from decoding.params.model_checks import ModelFacts
+from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
 
 logger = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         generation_defaults=loaded.generation_defaults,
         assistants=[ServedModel(name, "assistant", built.max_model_len) for name in built.assistants],
         default_assistant=config.default_assistant,
+        compiler=GrammarCompiler(copy.deepcopy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
+        observer=observer,
     )
 
 

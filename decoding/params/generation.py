@@ -12,6 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 
+from decoding.params.structured import StructuredOutput
 from decoding.params.watermarking import WatermarkingConfig
 
 
@@ -96,8 +97,13 @@ class GenerationParams:
     negative_prompt_ids: list[int] | None = None  # the unconditional branch's prompt (default: prompt's last token)
     negative_prompt: str | None = None  # text the server tokenizes into negative_prompt_ids before submitting
     # --- custom decoding methods (issue 11) ---
-    # a request's extra fields, the method's keyword arguments (server/protocol.py collects them)
+    # a request's extra fields, the method's keyword arguments (server/generation_fields.py collects them)
     custom_generate_args: dict[str, object] | None = None
+    # --- structured outputs (OpenAI response_format, vLLM structured_outputs) ---
+    structured_output: StructuredOutput | None = None
+    # its compiled grammar (decoding.structured.CompiledGrammar), attached by the engine client before
+    # the request reaches the worker; never sent by a user
+    compiled_grammar: object | None = None
 
     @property
     def strategy(self) -> Strategy:

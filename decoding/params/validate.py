@@ -51,6 +51,7 @@ def validate(params: GenerationParams) -> None:
     if params.watermarking_config is not None:
         params.watermarking_config.validate()
     _validate_guidance(params)
+    _validate_structured(params)
     validate_custom(params)
 
 
@@ -178,3 +179,16 @@ def _validate_guidance(params: GenerationParams) -> None:
             f"guidance_scale (classifier-free guidance) combines with greedy search and sampling only, "
             f"not with {strategy.value} decoding",
         )
+
+
+def _validate_structured(params: GenerationParams) -> None:
+    """A constraint holds under every strategy; a custom method decodes by itself, so it cannot."""
+    if params.structured_output is None:
+        return
+    params.structured_output.validate()
+    require(
+        params.custom_generate is None,
+        params.structured_output.param,
+        f"{params.structured_output.param} cannot be combined with custom_generate: the method "
+        f"'{params.custom_generate}' decodes by itself, outside the constrained sampler",
+    )

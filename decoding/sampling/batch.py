@@ -8,7 +8,8 @@ are bit-for-bit untouched, matching HF applying its processor only when the knob
 Order (``GenerationMixin._get_logits_processor``): OpenAI ``logit_bias`` (where HF puts
 ``sequence_bias``), ``repetition_penalty``, OpenAI presence/frequency penalties (right after
 HF's own repetition penalty, as vLLM applies them before temperature), ``no_repeat_ngram_size``,
-``bad_words_ids``, ``min_new_tokens``, ``suppress_tokens``; then, for sampling rows only,
+``bad_words_ids``, ``min_new_tokens``, a structured output's grammar mask (``sampling/grammar.py``),
+``suppress_tokens``; then, for sampling rows only,
 temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff with
 ``min_tokens_to_keep=1``. Greedy rows get the processors but no warpers, like HF greedy search.
 """
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.sampling.grammar import apply_grammar_masks
 from decoding.sampling.length_rules import LengthKnobs
 from decoding.sampling.row_state import RowSamplingState
 from decoding.sampling.watermark import WatermarkProcessor
@@ -105,6 +107,8 @@ class SamplingBatch:
         marked = [(i, r) for i, r in enumerate(rows) if r.params.watermarking_config is not None]
         self.watermark = WatermarkProcessor(marked, rows[0].vocab_size) if marked else None
         self.needs_processing = self.needs_processing or self.watermark is not None
+        self.grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
+        self.needs_processing = self.needs_processing or bool(self.grammar_rows)
 
     @classmethod
     def from_rows(
@@ -145,6 +149,10 @@ class SamplingBatch:
             scores[self._pf_index] -= self._frequency[:, None] * counts + self._presence[:, None] * (counts > 0)
         if self.history_rows:
             self._history_bans(scores)
+        # structured outputs: where HF's PrefixConstrainedLogitsProcessor sits (after the bans above,
+        # before forced BOS/EOS and the warpers; every ban is -inf, so their order among them is moot)
+        if self.grammar_rows:
+            apply_grammar_masks(scores, self.grammar_rows, [self.rows[i].grammar for i in self.grammar_rows])
         # forced_bos/forced_eos, exponential_decay_length_penalty (HF: before suppress_tokens)
         # min_length sits with them: HF puts it between bad_words_ids and min_new_tokens, all -inf bans
         self.length_knobs.apply_length_rules(scores)

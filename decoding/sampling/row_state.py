@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from decoding.params import GenerationParams
+from decoding.sampling.grammar import RowGrammar
 
 
 class RowSamplingState:
@@ -41,6 +42,8 @@ class RowSamplingState:
                 self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
         if params.presence_penalty or params.frequency_penalty:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=self.device)
+        compiled = params.compiled_grammar  # decoding.structured.CompiledGrammar
+        self.grammar = None if compiled is None else RowGrammar(compiled.new_matcher(), self.eos_token_ids)
         if params.no_repeat_ngram_size > 0:
             self.ngrams = {}
             size = params.no_repeat_ngram_size
@@ -56,6 +59,7 @@ class RowSamplingState:
         twin.seen = None if self.seen is None else self.seen.clone()
         twin.counts = None if self.counts is None else self.counts.clone()
         twin.ngrams = None if self.ngrams is None else {k: set(v) for k, v in self.ngrams.items()}
+        twin.grammar = None if self.grammar is None else self.grammar.fork()
         return twin
 
     def _add_ngram(self, ngram: list[int]) -> None:
@@ -68,6 +72,8 @@ class RowSamplingState:
             self.seen[token_id] = True
         if self.counts is not None:
             self.counts[token_id] += 1
+        if self.grammar is not None:
+            self.grammar.append(token_id)
         if self.ngrams is not None and len(self.history) >= self.params.no_repeat_ngram_size:
             self._add_ngram(self.history[-self.params.no_repeat_ngram_size :])
 

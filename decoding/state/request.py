@@ -54,7 +54,8 @@ class Row:
         if logprob is not None:
             self.pending_logprobs.append(logprob)
         self.sampling.append(token)
-        finish = self.stop.finish_after(token, self.streamer, self.sampling.history, len(self.output_ids))
+        grammar_done = self.sampling.grammar is not None and self.sampling.grammar.done
+        finish = self.stop.finish_after(token, self.streamer, self.sampling.history, len(self.output_ids), grammar_done)
         if finish is not None:
             self.finish(*finish)
 

@@ -35,6 +35,7 @@ class ContrastiveSearch:
         self.next_logits: torch.Tensor | None = None  # [vocab_size] raw logits for the next position
         self.candidates: list[int] = []
         self._candidate_probs: torch.Tensor | None = None  # [top_k]
+        self._banned: torch.Tensor | None = None  # [top_k] bool, under a structured output's grammar
 
     def start(self, prompt_hidden: torch.Tensor, last_logits: torch.Tensor) -> None:
         """``prompt_hidden``: ``[prompt_len, hidden]`` final hidden states of the prompt."""
@@ -43,11 +44,16 @@ class ContrastiveSearch:
         self._append(prompt_hidden)
         self.next_logits = last_logits
 
-    def propose(self, processed_logits: torch.Tensor) -> list[int]:
-        """Pick the candidates from the processed next-token scores (``[vocab_size]``)."""
+    def propose(self, processed_logits: torch.Tensor, constrained: bool = False) -> list[int]:
+        """Pick the candidates from the processed next-token scores (``[vocab_size]``).
+
+        ``constrained``: a structured output's grammar masked the scores; when it allows fewer
+        tokens than ``top_k``, the banned ones that fill the top k are never chosen (HF would rank
+        a zero-probability candidate by its degeneration penalty alone)."""
         probs = torch.softmax(processed_logits, dim=-1)
         top_probs, top_ids = torch.topk(probs, k=self.top_k)
         self._candidate_probs = top_probs
+        self._banned = torch.isneginf(processed_logits[top_ids]) if constrained else None  # [top_k]
         self.candidates = top_ids.tolist()
         return self.candidates
 
@@ -61,6 +67,8 @@ class ContrastiveSearch:
         cosine = (context @ normed.T).T  # [top_k, seq_len]
         degeneration_penalty = cosine.max(dim=-1).values  # [top_k]
         score = (1.0 - self.alpha) * self._candidate_probs - self.alpha * degeneration_penalty
+        if self._banned is not None:
+            score = score.masked_fill(self._banned, float("-inf"))
         chosen = int(score.max(dim=-1).indices)
         self._append(candidate_hidden[chosen : chosen + 1])
         self.next_logits = candidate_logits[chosen]
@@ -128,4 +136,5 @@ class ContrastiveDecoding(DecodingStrategy):
 
     def _propose(self, row: Row) -> None:
         search = self.searches[row.index]
-        search.propose(SamplingBatch.for_row(row.sampling).process(search.next_logits[None])[0])
+        scores = SamplingBatch.for_row(row.sampling).process(search.next_logits[None])[0]
+        search.propose(scores, constrained=row.sampling.grammar is not None)

@@ -5,7 +5,8 @@ One ``StopChecker`` per row serves every strategy, beams included. HF stops a se
 by the context), ``StopStringCriteria`` and ``MaxTimeCriteria``. Decoda adds OpenAI's ``stop``
 and vLLM's ``stop_token_ids``. The time limits live on the request (``Request.expired``): they end
 every row of a request at once, and end it as ``MaxTimeCriteria`` does, gracefully, with
-``finish_reason: "length"``. ``StopChecker.finish_after`` is the one order in which a row's new
+``finish_reason: "length"``. A structured output ends its row when its grammar is complete.
+``StopChecker.finish_after`` is the one order in which a row's new
 token is checked: its id (eos, stop ids), OpenAI's ``stop`` in the streamed text, HF's
 ``stop_strings`` on the ids, then the length.
 
@@ -231,12 +232,16 @@ class StopChecker:
                 return True
         return generated_ids[-1] in self.stop_token_ids or self.stop_string_in(generated_ids) is not None
 
-    def finish_after(self, token: int, stream: TextStream, ids: list[int], num_generated: int) -> Finish | None:
+    def finish_after(
+        self, token: int, stream: TextStream, ids: list[int], num_generated: int, grammar_done: bool = False
+    ) -> Finish | None:
         """Whether a streaming row ends with ``token``, its text already in ``stream`` when it goes on.
 
         The one order every row follows: the token's id (eos, a stop token; its text is never
         streamed), OpenAI's ``stop`` in the streamed text (trimmed there), HF's ``stop_strings`` on
-        ``ids`` (prompt + generated, the token included; kept in the text), then the length.
+        ``ids`` (prompt + generated, the token included; kept in the text), a structured output's
+        grammar complete with this token (``grammar_done``: nothing but eos could follow), then the
+        length.
         """
         finish = self.token_stop(token)
         if finish is not None:
@@ -247,6 +252,8 @@ class StopChecker:
         hf_stop = self.hf_stop_string_in(ids)
         if hf_stop is not None:  # HF's: the text stays in the output
             return FinishReason.STOP, hf_stop
+        if grammar_done:
+            return FinishReason.STOP, None
         if self.length_reached(num_generated):
             return FinishReason.LENGTH, None
         return None
