@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.engine is None:
-            from decoding.engine.core.launch import start_engine_client  # torch is imported only here
+            from decoding.engine.launch import start_engine_client  # torch is imported only here
 
             app.state.engine = await asyncio.to_thread(start_engine_client, settings.engine_config(), metrics)
             logger.info("serving %s on http://%s:%d", app.state.engine.model_name, settings.host, settings.port)
