@@ -181,3 +181,18 @@ def test_every_module_says_what_it_owns():
         if path.read_text().strip() and ast.get_docstring(ast.parse(path.read_text())) is None
     ]
     assert undocumented == []
+
+
+def test_every_project_import_names_a_module_that_exists():
+    """Late imports (inside functions) fail only when they run: check them all here."""
+    modules = project_modules()
+    missing = []
+    for name, path in modules.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            targets = []
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                targets = [node.module]
+            elif isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            missing += [f"{name}: {t}" for t in targets if t.split(".")[0] in PACKAGES and t not in modules]
+    assert missing == []
