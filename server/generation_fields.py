@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
+from server.structured_fields import ResponseFormat, StructuredOutputs
 from server.watermark_protocol import WatermarkingConfigBody
 
 
@@ -95,6 +96,9 @@ class GenerationFields(Strict):
     guidance_scale: float | None = None
     negative_prompt: str | None = None
     negative_prompt_ids: list[int] | None = None
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs (server.structured_fields)
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
     # with custom_generate, the body's other fields are the method's keyword arguments (checked against
     # its signature in decoding.validation); without it they stay unknown fields (400 naming the first)
     _custom_generate_args: dict[str, Any] = PrivateAttr(default_factory=dict)

@@ -41,6 +41,10 @@ METRIC_DOCS = {
     "decoda_spec_acceptance_rate": "accepted / proposed draft tokens since start (gauge; assistant)",
     "decoda_spec_accepted_length": "draft tokens accepted per verification (histogram; assistant); "
     "its mean is the mean accepted length",
+    "decoda_structured_output_compiles_total": "structured outputs asked for (counter; label cached: true when "
+    "the compiled grammar was reused from the cache, false when it was compiled)",
+    "decoda_structured_output_compile_seconds": "time to compile a structured output's grammar, cache misses "
+    "only (histogram)",
     "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
     "template such as /v1/completions, or unmatched; status: the code, such as 200 or 401)",
 }
@@ -106,6 +110,13 @@ class Metrics(EngineObserver):
         self.http_requests = Counter(
             "decoda_http_requests", doc("decoda_http_requests_total"), ["route", "status"], registry=r
         )
+        self.grammar_compiles = Counter(
+            "decoda_structured_output_compiles", doc("decoda_structured_output_compiles_total"), ["cached"], registry=r
+        )
+        self.grammar_seconds = Histogram(
+            "decoda_structured_output_compile_seconds", doc("decoda_structured_output_compile_seconds"),
+            buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r,
+        )  # fmt: skip
         self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
@@ -147,6 +158,11 @@ class Metrics(EngineObserver):
         totals[0] += num_drafted
         totals[1] += num_accepted
         self.spec_rate.labels(proposer).set(totals[1] / totals[0] if totals[0] else 0.0)
+
+    def on_grammar_compiled(self, cached: bool, seconds: float) -> None:
+        self.grammar_compiles.labels("true" if cached else "false").inc()
+        if not cached:
+            self.grammar_seconds.observe(seconds)
 
     # ---- HTTP (event loop) -------------------------------------------------------------------------
     def on_response(self, route: str, status: int) -> None:

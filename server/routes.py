@@ -79,6 +79,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     prompts = [await client.tokenize(p) if isinstance(p, str) else list(p) for p in body.prompts_or_error()]
     params = await with_negative_prompt_ids(client, params)
     client.check_request(params, prompts, "prompt")
+    params = await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
     echo_texts = [await client.decode(ids) for ids in prompts] if body.echo else None
     fmt = CompletionFormat(f"cmpl-{uuid.uuid4().hex}", model, params.n, echo_texts=echo_texts,
                            logprobs=body.logprobs is not None, return_token_ids=body.return_token_ids,
@@ -96,6 +97,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     params = with_server_watermark(request, params)  # request > server default
     params = await with_negative_prompt_ids(client, params)
     client.check_request(params, [prompt_ids], "messages")
+    params = await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
                      return_token_ids=body.return_token_ids, include_usage=body.include_usage)  # fmt: skip
     return await respond(request, client, fmt, [prompt_ids], params, body.stream)

@@ -21,6 +21,7 @@ from decoding import GenerationParams, ParameterError
 from decoding.params import BOUNDS, validate
 from decoding.params.model_defaults import HONOURED
 from server.generation_fields import GenerationFields
+from server.structured_fields import structured_output_of
 
 # knobs a model's generation_config.json may default (request > model > server default); the keys it
 # sets that the server does not use are logged at load with the reason (decoding.model_defaults)
@@ -78,6 +79,7 @@ def to_params(
         watermarking_config=body.watermarking_config.config() if body.watermarking_config else None,
         guidance_scale=body.guidance_scale,
         negative_prompt=body.negative_prompt,
+        structured_output=structured_output_of(body.response_format, body.structured_outputs),
         negative_prompt_ids=body.negative_prompt_ids,
         custom_generate_args=dict(body.custom_generate_args) or None,
     )
