@@ -399,3 +399,28 @@ def test_an_api_key_and_the_preset_picker(guarded_server, browser):
     assert requests[-1]["authorization"] == "Bearer secret"
     assert s.last_reply("A").get_attribute("data-state") == "done"  # the server applied the preset
     context.close()
+
+
+def test_a_response_format_schema_shapes_the_reply_under_beam_search(session):
+    """The Response format group sends OpenAI's json_schema format; the reply is JSON that
+    validates, with a strategy the peers refuse to constrain (beam search); a schema the server
+    cannot compile shows its message next to the box."""
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    session.choose("A", "Beam search")
+    session.set_field("A", "max_tokens", "60")
+    session.pane("A").locator('details[data-group="response_format"]').evaluate("d => d.open = true")
+    box = session.pane("A").locator('[data-param="response_format"] textarea')
+    box.fill(json.dumps(schema))
+    session.send("Name a city in Norway, as JSON.")
+    session.wait_idle()
+    sent = session.sent[-1]["response_format"]
+    assert sent == {"type": "json_schema", "json_schema": {"name": "playground", "schema": schema, "strict": True}}
+    reply = session.last_reply("A").locator(".content").inner_text()
+    jsonschema.validate(json.loads(reply), schema)
+    box.fill('{"type": "strin"}')
+    session.send("Again.")
+    error = session.pane("A").locator('[data-param="response_format"] .field-error')
+    until(lambda: error.is_visible(), 30, "the error next to the schema box")
+    assert "strin" in error.inner_text()

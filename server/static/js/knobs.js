@@ -9,7 +9,8 @@
 // so the server names the problem), "select" (options as [value, label]), "bool" (checkbox),
 // "text" (sent as a string), "layers" (dola_layers: "low", "high" or a list of indices),
 // "assistant" (assistant_model: the assistants /v1/models lists), "preset" (generation_preset:
-// the names /v1/presets lists).
+// the names /v1/presets lists), "json" (a text area holding JSON, sent parsed; text that does not
+// parse is sent as typed, so the server names the problem).
 
 export const FIELDS = {
   max_tokens: { kind: "number", value: "200", help: "tokens to generate at most" },
@@ -64,6 +65,9 @@ export const FIELDS = {
     options: [["", "default (lefthash)"], ["lefthash", "lefthash"], ["selfhash", "selfhash"]],
     help: "how the previous tokens seed the green list",
   },
+  // response_format: a JSON schema the reply must follow (sent as OpenAI's json_schema format)
+  response_schema: { name: "response_format", kind: "json", value: "", placeholder: '{"type": "object", "properties": {"answer": {"type": "string"}}}',
+    help: "a JSON schema; the reply is JSON that validates against it (any strategy)" },
   wm_context_width: { nest: "watermarking_config", name: "context_width", kind: "number", value: "", placeholder: "1", help: "previous tokens that seed it" },
 };
 
@@ -127,6 +131,8 @@ export const OPTIONAL_GROUPS = [
   { id: "preset", title: "Preset", requires: "/v1/presets", fields: ["generation_preset"], open: true },
   { id: "guidance", title: "Classifier-free guidance", requiresField: "guidance_scale",
     fields: ["guidance_scale", "negative_prompt"] },
+  { id: "response_format", title: "Response format (JSON schema)", requiresField: "response_format",
+    fields: ["response_schema"] },
   { id: "watermark", title: "Watermark", requires: "/v1/watermark/detect", probe: false,
     fields: ["watermark", "wm_greenlist_ratio", "wm_bias", "wm_hashing_key", "wm_seeding_scheme", "wm_context_width"] },
 ];

@@ -33,6 +33,15 @@ function convert(def, raw) {
       if (!text) return undefined;
       return LAYER_LIST.test(text) ? text.replace(/[[\]\s]/g, "").split(",").map(Number) : text;
     }
+    case "json": {
+      const text = String(raw).trim();
+      if (!text) return undefined;
+      try {
+        return JSON.parse(text);
+      } catch {
+        return text; // not JSON: the server's 400 says why, next to the field
+      }
+    }
     case "select":
       return raw === "" ? undefined : raw === "true" ? true : raw === "false" ? false : raw;
     default:
@@ -123,6 +132,10 @@ export class SettingsForm {
         store(control.checked);
         this.render(); // do_sample shows or hides the sampling knobs
       });
+    } else if (def.kind === "json") {
+      control = el("textarea", { rows: 4, placeholder: def.placeholder || "", spellcheck: false });
+      control.value = this.raw(scope, key);
+      control.addEventListener("input", () => store(control.value));
     } else {
       const options = this.options(def);
       if (options) {
@@ -170,7 +183,11 @@ export class SettingsForm {
     for (const [scope, key] of this.visible()) {
       const def = FIELDS[key];
       const value = convert(def, this.raw(scope, key));
-      if (key === "watermark") {
+      if (key === "response_schema") {
+        if (value !== undefined) {
+          out.response_format = { type: "json_schema", json_schema: { name: "playground", schema: value, strict: true } };
+        }
+      } else if (key === "watermark") {
         if (value) out.watermarking_config = { ...(out.watermarking_config || {}) };
       } else if (def.nest) {
         if (value !== undefined) (out[def.nest] ||= {})[paramName(key)] = value;
@@ -198,7 +215,7 @@ export class SettingsForm {
     const group = wrapper.closest("details");
     if (group) group.open = true;
     wrapper.classList.add("invalid");
-    wrapper.querySelector("input, select").setAttribute("aria-invalid", "true");
+    wrapper.querySelector("input, select, textarea").setAttribute("aria-invalid", "true");
     const error = wrapper.querySelector(".field-error");
     error.textContent = message;
     error.hidden = false;
@@ -207,7 +224,7 @@ export class SettingsForm {
 
   clearError(wrapper) {
     wrapper.classList.remove("invalid");
-    wrapper.querySelector("input, select").removeAttribute("aria-invalid");
+    wrapper.querySelector("input, select, textarea").removeAttribute("aria-invalid");
     wrapper.querySelector(".field-error").hidden = true;
   }
 
