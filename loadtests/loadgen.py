@@ -79,7 +79,7 @@ def summarize(results: list[RequestResult], wall: float, concurrency: int) -> di
 
 async def one_request(client: AsyncOpenAI, model: str, prompt: str, args: argparse.Namespace) -> RequestResult:
     result = RequestResult()
-    extra = {"ignore_eos": True} if args.ignore_eos else {}
+    extra = {**({"ignore_eos": True} if args.ignore_eos else {}), **json.loads(args.extra_body or "{}")}
     bias = {str(t): -100 for t in args.ban_tokens} or None  # portable way to force max_tokens
     start = time.perf_counter()
     try:
@@ -183,6 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="token ids banned with logit_bias -100 (default: SmolLM2's eos ids 0,2), so every "
         "request produces max_tokens on any OpenAI-compatible server; empty to disable",
     )
+    parser.add_argument("--extra-body", default=None, metavar="JSON",
+                        help='more request fields, e.g. \'{"response_format": {"type": "json_object"}}\'')  # fmt: skip
     parser.add_argument("--json", default=None, help="also write the summary to this file")
     return parser
 

@@ -54,10 +54,11 @@ class RowGrammar:
 def apply_grammar_masks(scores: torch.Tensor, rows: list[int], grammars: list[RowGrammar]) -> None:
     """Ban, in ``scores`` (``[num_rows, vocab_size]``), every token each row's grammar does not allow next."""
     vocab_size = scores.shape[1]
-    words = torch.zeros((len(rows), (vocab_size + _BITS - 1) // _BITS), dtype=torch.int32)  # CPU: llguidance writes it
+    # on the CPU whatever the engine's device: llguidance writes the bits through a host pointer
+    words = torch.zeros((len(rows), (vocab_size + _BITS - 1) // _BITS), dtype=torch.int32, device="cpu")
     for i, grammar in enumerate(grammars):
         grammar.fill(words[i])
-    shifts = torch.arange(_BITS, dtype=torch.int32)
+    shifts = torch.arange(_BITS, dtype=torch.int32, device="cpu")
     allowed = ((words[:, :, None] >> shifts) & 1).reshape(len(rows), -1)[:, :vocab_size].bool()  # [n, vocab]
     index = torch.tensor(rows, dtype=torch.long, device=scores.device)
     scores[index] = scores[index].masked_fill(~allowed.to(scores.device), float("-inf"))
