@@ -76,7 +76,11 @@ class GrammarCompiler:
                 self.stats.hits += 1
                 return cached, True
         started = time.perf_counter()
-        template = LLMatcher(self.tokenizer(), _grammar_of(spec), log_level=0, limits=LLParserLimits(**LIMITS))
+        grammar = _grammar_of(spec)
+        try:
+            template = LLMatcher(self.tokenizer(), grammar, log_level=0, limits=LLParserLimits(**LIMITS))
+        except Exception as error:  # llguidance reports grammar errors in the matcher; anything else is the input's
+            raise ParameterError(f"{spec.param}: {_reason(str(error))}", spec.param, "invalid_grammar") from error
         if template.is_error():
             raise ParameterError(f"{spec.param}: {_reason(template.get_error())}", spec.param, "invalid_schema")
         compiled = CompiledGrammar(template, time.perf_counter() - started)
@@ -105,11 +109,14 @@ def _grammar_of(spec: StructuredOutput) -> str:
             return LLMatcher.grammar_from_json_schema(spec.value, defaults=options)
         except ValueError as error:
             raise ParameterError(f"{spec.param}: {_reason(str(error))}", spec.param, "invalid_schema") from error
-    if spec.kind == "regex":
-        return LLMatcher.grammar_from_regex(spec.value)
-    if spec.kind == "choice":
-        alternatives = " | ".join(json.dumps(choice) for choice in spec.value)
-        return LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
+    try:
+        if spec.kind == "regex":
+            return LLMatcher.grammar_from_regex(spec.value)
+        if spec.kind == "choice":
+            alternatives = " | ".join(json.dumps(choice) for choice in spec.value)
+            return LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
+    except Exception as error:
+        raise ParameterError(f"{spec.param}: {_reason(str(error))}", spec.param, "invalid_grammar") from error
     try:
         return LLMatcher.grammar_from_lark(any_to_lark(spec.value))  # Lark as it is, GBNF (::=) translated
     except Exception as error:  # the GBNF translator raises its own errors
