@@ -87,7 +87,7 @@ def test_regex_and_choice_through_extra_body(client):
 
 
 def test_streamed_json_equals_the_non_streamed(client):
-    schema = {"name": "c", "schema": City.model_json_schema()}
+    schema = {"name": "c", "schema": City.model_json_schema(), "strict": True}
     request = dict(model=MODEL, messages=ask("Describe Oslo as JSON."), max_tokens=120, temperature=0,
                    response_format={"type": "json_schema", "json_schema": schema})  # fmt: skip
     whole = client.chat.completions.create(**request).choices[0].message.content
