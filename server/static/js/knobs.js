@@ -68,6 +68,12 @@ export const FIELDS = {
   // response_format: a JSON schema the reply must follow (sent as OpenAI's json_schema format)
   response_schema: { name: "response_format", kind: "json", value: "", placeholder: '{"type": "object", "properties": {"answer": {"type": "string"}}}',
     help: "a JSON schema; the reply is JSON that validates against it (any strategy)" },
+  // tools: OpenAI's function tools; the reply's tool calls are shown under its text
+  tools: { kind: "json", value: "", placeholder: '[{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]',
+    help: "function tools (OpenAI's format); the model may call them" },
+  tool_choice: { kind: "select", value: "",
+    options: [["", "default (auto)"], ["auto", "auto"], ["required", "required"], ["none", "none"]],
+    help: "required: the reply is a call (constrained to the tools' schemas)" },
   wm_context_width: { nest: "watermarking_config", name: "context_width", kind: "number", value: "", placeholder: "1", help: "previous tokens that seed it" },
 };
 
@@ -133,6 +139,7 @@ export const OPTIONAL_GROUPS = [
     fields: ["guidance_scale", "negative_prompt"] },
   { id: "response_format", title: "Response format (JSON schema)", requiresField: "response_format",
     fields: ["response_schema"] },
+  { id: "tools", title: "Tools", requiresField: "tools", fields: ["tools", "tool_choice"] },
   { id: "watermark", title: "Watermark", requires: "/v1/watermark/detect", probe: false,
     fields: ["watermark", "wm_greenlist_ratio", "wm_bias", "wm_hashing_key", "wm_seeding_scheme", "wm_context_width"] },
 ];

@@ -104,7 +104,7 @@ export class Pane {
     }
     reply.finish(state, performance.now() - started);
     if (body.watermarking_config && state === "done") await reply.scoreWatermark(body.watermarking_config);
-    this.history.push({ role: "user", content: text }, { role: "assistant", content: reply.text(0) });
+    this.history.push({ role: "user", content: text }, reply.message(0));
     this.follow();
     return state;
   }
@@ -175,7 +175,7 @@ class Reply {
     if (!this.choices.has(index)) {
       const node = index === 0 ? this.content : el("div", { class: "content choice", "data-index": String(index) });
       if (index !== 0) this.node.insertBefore(node, this.stats);
-      this.choices.set(index, { text: "", node, score: null, finish: null });
+      this.choices.set(index, { text: "", node, score: null, finish: null, calls: [] });
     }
     return this.choices.get(index);
   }
@@ -194,9 +194,38 @@ class Reply {
         choice.text += delta.content;
         choice.node.textContent = choice.text;
       }
+      for (const call of delta.tool_calls || []) this.takeToolCall(choice, call);
       if (c.finish_reason) choice.finish = c.finish_reason;
       if (typeof c.sequence_score === "number") choice.score = c.sequence_score;
     }
+  }
+
+  // OpenAI's streamed tool calls: the first piece of call i brings its id and name, later pieces
+  // add to its arguments; each call is shown as name(arguments) under the reply's text.
+  takeToolCall(choice, piece) {
+    const index = piece.index ?? choice.calls.length;
+    if (!choice.calls[index]) {
+      const node = el("pre", { class: "tool-call", "data-call": String(index) });
+      this.node.insertBefore(node, this.stats);
+      choice.calls[index] = { id: piece.id, name: "", arguments: "", node };
+    }
+    const call = choice.calls[index];
+    const fn = piece.function || {};
+    if (fn.name) call.name += fn.name;
+    if (fn.arguments) call.arguments += fn.arguments;
+    call.node.textContent = `tool call: ${call.name}(${call.arguments})`;
+  }
+
+  // The assistant turn as the conversation history keeps it (its tool calls included).
+  message(index) {
+    const choice = this.choices.get(index);
+    const calls = choice ? choice.calls.filter(Boolean) : [];
+    if (!calls.length) return { role: "assistant", content: this.text(index) };
+    return {
+      role: "assistant",
+      content: this.text(index) || null,
+      tool_calls: calls.map((c) => ({ id: c.id, type: "function", function: { name: c.name, arguments: c.arguments } })),
+    };
   }
 
   fail(message) {
