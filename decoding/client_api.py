@@ -73,8 +73,9 @@ class EngineClient(ABC):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     @abstractmethod
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of the rendered conversation plus the generation prompt.
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        """Token ids of the rendered conversation plus the generation prompt; ``tools`` (OpenAI's
+        function tools) are rendered by the template too.
 
         Raises ``ParameterError(param="messages")`` when the tokenizer has no chat template.
         """

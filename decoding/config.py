@@ -28,3 +28,5 @@ class EngineConfig:
     default_assistant: str | None = None
     custom_generate: list[tuple[str, str]] = field(default_factory=list)  # (name, path) of methods
     trust_remote_code: bool = False  # allows loading custom_generate code
+    chat_template: str | None = None  # a Jinja file replacing the model's chat template (--chat-template)
+    tool_chat_template: str | None = None  # the file used for tool conversations the model's template ignores

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from decoding import RequestOutput, TokenLogprob
+from server.tool_parser import parse_hermes
 
 
 @dataclass
@@ -221,10 +222,17 @@ class ChatFormat(_Format):
     object_name = "chat.completion"
     chunk_object = "chat.completion.chunk"
 
-    def __init__(self, request_id: str, model: str, n: int, *, logprobs: bool = False, **options: bool) -> None:
+    def __init__(
+        self, request_id: str, model: str, n: int, *, logprobs: bool = False, tool_parser: type | None = None,
+        **options: bool,
+    ) -> None:  # fmt: skip
+        """``tool_parser``: a ``server.tool_parser`` stream class when the request offered tools."""
         super().__init__(request_id, model, n, **options)
         self.logprobs = logprobs
+        self.tool_parser = tool_parser
         self._started: set[int] = set()
+        self._tool_streams: dict[int, object] = {}  # choice index -> its parser stream
+        self._num_calls: dict[int, int] = {}  # choice index -> tool calls sent
 
     def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
         self._count(prompt_index, output)
@@ -235,8 +243,15 @@ class ChatFormat(_Format):
                 first = {"index": delta.index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                          "finish_reason": None}  # fmt: skip
                 chunks.append(self._chunk([first]))
-            if delta.text or delta.token_ids:
-                content: dict = {"content": delta.text}
+            text, calls = delta.text, []
+            if self.tool_parser is not None:
+                stream = self._tool_streams.setdefault(delta.index, self.tool_parser())
+                text, calls = stream.feed(delta.text)
+                if delta.finish_reason is not None:
+                    rest, more = stream.finish()
+                    text, calls = text + rest, calls + more
+            if text or (delta.token_ids and (self.tool_parser is None or self.return_token_ids)):
+                content: dict = {"content": text}
                 if self.return_token_ids:
                     content["token_ids"] = delta.token_ids
                 choice = {
@@ -246,12 +261,25 @@ class ChatFormat(_Format):
                     "finish_reason": None,
                 }
                 chunks.append(self._chunk([choice]))
+            chunks.extend(self._call_chunks(delta.index, calls))
             if delta.finish_reason is not None:
-                final = {"index": delta.index, "delta": {}, "logprobs": None,
-                         "finish_reason": delta.finish_reason.value}  # fmt: skip
+                reason = "tool_calls" if self._num_calls.get(delta.index) else delta.finish_reason.value
+                final = {"index": delta.index, "delta": {}, "logprobs": None, "finish_reason": reason}
                 if delta.sequence_score is not None:
                     final["sequence_score"] = delta.sequence_score
                 chunks.append(self._chunk([final]))
+        return chunks
+
+    def _call_chunks(self, index: int, calls: list) -> list[dict]:
+        """OpenAI's streamed tool call: its id, type and name with empty arguments, then the arguments."""
+        chunks = []
+        for call in calls:
+            k = self._num_calls.get(index, 0)
+            self._num_calls[index] = k + 1
+            head = {"index": k, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            for piece in (head, {"index": k, "function": {"arguments": call.arguments}}):
+                chunks.append(self._chunk([{"index": index, "delta": {"tool_calls": [piece]}, "logprobs": None,
+                                            "finish_reason": None}]))  # fmt: skip
         return chunks
 
     def body(self, results: list[Collected]) -> dict:
@@ -259,11 +287,19 @@ class ChatFormat(_Format):
         choices = []
         for index in range(self.n):
             state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
+            message: dict = {"role": "assistant", "content": state.text}
+            finish_reason = state.finish_reason
+            if self.tool_parser is not None:
+                content, calls = parse_hermes(state.text)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [call.as_json() for call in calls]}  # fmt: skip
+                    finish_reason = "tool_calls"
             choice = {
                 "index": index,
-                "message": {"role": "assistant", "content": state.text},
+                "message": message,
                 "logprobs": chat_logprobs(state.logprobs) if self.logprobs and index in collected.choices else None,
-                "finish_reason": state.finish_reason,
+                "finish_reason": finish_reason,
             }
             choices.append(self._extend(choice, state.token_ids, state.sequence_score))
         return self._body(choices, results)

@@ -23,6 +23,7 @@ from server.presets import presets_of
 from server.responses import ChatFormat, CompletionFormat, now
 from server.schemas import ChatCompletionRequest, CompletionRequest
 from server.streaming import collect_all, sse_events, until_disconnect
+from server.tool_parser import PARSERS
 from server.watermark_protocol import with_server_watermark
 
 router = APIRouter()
@@ -91,15 +92,17 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     client = engine_of(request)
     model = served_model(client, body.model)
-    prompt_ids = await client.apply_chat_template(body.messages_or_error())
+    prompt_ids = await client.apply_chat_template(body.messages_or_error(), tools=body.template_tools())
     body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults, room=client.max_model_len - len(prompt_ids))
     params = with_server_watermark(request, params)  # request > server default
     params = await with_negative_prompt_ids(client, params)
     client.check_request(params, [prompt_ids], "messages")
     params = await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
+    parser = PARSERS[request.app.state.settings.tool_call_parser] if body.offered_tools() else None
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
-                     return_token_ids=body.return_token_ids, include_usage=body.include_usage)  # fmt: skip
+                     return_token_ids=body.return_token_ids, include_usage=body.include_usage,
+                     tool_parser=parser)  # fmt: skip
     return await respond(request, client, fmt, [prompt_ids], params, body.stream)
 
 

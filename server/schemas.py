@@ -9,12 +9,15 @@ request schemas of ``/openapi.json`` from these classes. Fields the engine never
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
 from pydantic import Field
 
 from decoding import GenerationParams, ParameterError
+from decoding.params import validate
 from server.generation_fields import GenerationFields, Strict
+from server.tools import Tool, ToolChoice, call_grammar, check_tools, offered, template_tools
 from server.translate import to_params
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's default for /v1/completions
@@ -25,10 +28,41 @@ class TextPart(Strict):
     text: str
 
 
+class CalledFunction(Strict):
+    name: str
+    arguments: str  # a JSON object, as OpenAI sends it
+
+
+class MessageToolCall(Strict):
+    id: str
+    type: Literal["function"]
+    function: CalledFunction
+
+
 class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[TextPart] | None = None
     name: str | None = None
+    tool_calls: list[MessageToolCall] | None = None  # an assistant turn that called tools
+    tool_call_id: str | None = None  # a tool turn: which call it answers
+
+    def as_template_message(self, index: int) -> dict[str, Any]:
+        """The message as chat templates take it (arguments as objects, as HF's templates expect)."""
+        param = f"messages[{index}]"
+        if self.role == "tool" and not self.tool_call_id:
+            raise ParameterError(f"{param}: a tool message needs tool_call_id", param="messages")
+        if self.tool_calls and self.role != "assistant":
+            raise ParameterError(f"{param}: only an assistant message carries tool_calls", param="messages")
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.tool_call_id is not None:
+            out["tool_call_id"] = self.tool_call_id
+        if self.tool_calls:
+            out["tool_calls"] = [
+                {"id": call.id, "type": "function",
+                 "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, param)}}
+                for call in self.tool_calls
+            ]  # fmt: skip
+        return out
 
     def text(self) -> str:
         if self.content is None:
@@ -77,6 +111,9 @@ class ChatCompletionRequest(GenerationFields):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def max_token_fields(self) -> dict[str, int | None]:
         return {**super().max_token_fields(), "max_completion_tokens": self.max_completion_tokens}
@@ -84,14 +121,40 @@ class ChatCompletionRequest(GenerationFields):
     def params(self, model_defaults: dict[str, Any] | None, room: int) -> GenerationParams:
         """Chat's default length is what the context has left after the prompt (``room``, at least 1:
         a prompt that fills the context is then a context-length error naming ``messages``)."""
-        return to_params(
+        params = to_params(
             self, default_max_tokens=max(1, room), model_defaults=model_defaults, logprobs=self.logprobs_count()
         )
+        return self._with_tools(params)
 
-    def messages_or_error(self) -> list[dict[str, str]]:
+    def _with_tools(self, params: GenerationParams) -> GenerationParams:
+        """"required" or a named function constrains the reply to calls; offered tools keep their tags."""
+        check_tools(self.tools, self.tool_choice)
+        tools = self.offered_tools()
+        if not tools:
+            return params
+        grammar = call_grammar(tools, self.tool_choice, self.parallel_tool_calls is not False)
+        if grammar is not None and params.structured_output is not None:
+            raise ParameterError(
+                f"tool_choice {self.tool_choice if isinstance(self.tool_choice, str) else 'naming a function'} "
+                f"constrains the reply to tool calls; it cannot be combined with {params.structured_output.param}",
+                param="tool_choice",
+            )
+        # a model whose <tool_call> tags are special tokens must still show them to the parser
+        params = params.replace(skip_special_tokens=False, **({"structured_output": grammar} if grammar else {}))
+        validate(params)
+        return params
+
+    def offered_tools(self) -> list[Tool]:
+        """The tools the model sees and whose calls are parsed (none with tool_choice "none")."""
+        return offered(self.tools, self.tool_choice)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        return template_tools(self.offered_tools())
+
+    def messages_or_error(self) -> list[dict[str, Any]]:
         if not self.messages:
             raise ParameterError("messages must not be empty", param="messages")
-        return [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in self.messages]
+        return [m.as_template_message(i) for i, m in enumerate(self.messages)]
 
     def logprobs_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:
@@ -99,3 +162,11 @@ class ChatCompletionRequest(GenerationFields):
         if not self.logprobs:
             return None
         return self.top_logprobs or 0
+
+
+def _arguments(text: str, param: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        message = f"{param}: tool_calls arguments must be a JSON object: {error}"
+        raise ParameterError(message, param="messages") from error

@@ -14,6 +14,11 @@ from pathlib import Path
 from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
+from server.tool_parser import check_parser
+
+# the tool-capable ChatML template shipped for models whose own template ignores tools (config/ in a
+# checkout; the package data server.defaults in an installed copy)
+TOOL_TEMPLATE_NAME = Path("chat_templates") / "hermes_tools.jinja"
 
 LOG_FORMATS = ("text", "json")
 QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
@@ -111,6 +116,15 @@ class Settings:
     trust_remote_code: bool = field(
         default=False, metadata={"help": "allow --custom-generate to run the Python code it points at"}
     )
+    chat_template: str | None = field(
+        default=None,
+        metadata={"help": "a Jinja chat template file replacing the model's own, for every conversation (vLLM's "
+                  "flag); without it, a conversation with tools to a model whose template ignores tools (the "
+                  "embedded SmolLM2's) uses config/chat_templates/hermes_tools.jinja"},
+    )  # fmt: skip
+    tool_call_parser: str = field(
+        default="hermes", metadata={"help": "how tool calls are read from the reply: hermes (<tool_call> JSON)"}
+    )
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(
         default="text", metadata={"help": "text | json (one JSON object per line, access logs included)"}
@@ -153,6 +167,8 @@ class Settings:
             trust_remote_code=self.trust_remote_code,
             num_threads=self.num_threads,
             cache_dir=self.cache_dir,
+            chat_template=self.chat_template,
+            tool_chat_template=shipped_tool_template(),
         )
 
     def check(self) -> None:
@@ -166,6 +182,9 @@ class Settings:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
+        check_parser(self.tool_call_parser)
+        if self.chat_template:  # a missing file or a template that does not parse fails at start
+            check_template(Path(self.chat_template))
         if self.watermark:  # a bad file fails at start, naming the file and the field
             WatermarkingConfig.from_file(self.watermark)
         keys = self.api_keys()  # a named keys file that is missing or unreadable fails at startup
@@ -184,3 +203,26 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
         name, sep, model = item.partition("=")
         out.append((name.strip(), model.strip()) if sep else (None, item))
     return out
+
+
+def check_template(path: Path) -> None:
+    """A chat template file exists and is Jinja that parses."""
+    import jinja2
+
+    if not path.is_file():
+        raise ValueError(f"--chat-template {path}: no such file")
+    try:
+        jinja2.Environment().parse(path.read_text())
+    except jinja2.TemplateSyntaxError as error:
+        raise ValueError(f"--chat-template {path}: line {error.lineno}: {error.message}") from error
+
+
+def shipped_tool_template() -> str | None:
+    """Where the shipped tool template lies: the checkout's config/, else the installed package data."""
+    import importlib.util
+
+    candidates = [Path(__file__).resolve().parent.parent / "config" / TOOL_TEMPLATE_NAME]
+    spec = importlib.util.find_spec("server.defaults")
+    if spec is not None and spec.submodule_search_locations:
+        candidates.append(Path(next(iter(spec.submodule_search_locations))) / TOOL_TEMPLATE_NAME)
+    return next((str(path) for path in candidates if path.is_file()), None)

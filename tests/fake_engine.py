@@ -54,7 +54,7 @@ class FakeEngineClient(EngineClient):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._words(text)
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
         return [t for m in messages for t in self._words(m["content"])] + [6]
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:

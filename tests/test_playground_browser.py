@@ -424,3 +424,19 @@ def test_a_response_format_schema_shapes_the_reply_under_beam_search(session):
     error = session.pane("A").locator('[data-param="response_format"] .field-error')
     until(lambda: error.is_visible(), 30, "the error next to the schema box")
     assert "strin" in error.inner_text()
+
+
+def test_tool_calls_show_under_the_reply(session):
+    city = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": city}}]
+    session.set_field("A", "max_tokens", "60")
+    session.pane("A").locator('details[data-group="tools"]').evaluate("d => d.open = true")
+    session.pane("A").locator('[data-param="tools"] textarea').fill(json.dumps(tools))
+    session.pane("A").locator('[data-param="tool_choice"] select').select_option("required")
+    session.send("What is the weather in Bergen?")
+    session.wait_idle()
+    assert session.sent[-1]["tools"] == tools and session.sent[-1]["tool_choice"] == "required"
+    call = session.last_reply("A").locator(".tool-call").first.inner_text()
+    assert re.fullmatch(r'tool call: get_weather\(\{"city": ".+"\}\)', call), call
+    assert session.stat("A", "state") == "tool_calls"
+    assert session.problems == []

@@ -16,6 +16,7 @@ import logging
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TypeVar
 
 from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
@@ -27,6 +28,29 @@ from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
 
 T = TypeVar("T")
+MODEL_TEMPLATE = "model"  # the tokenizer's own chat template
+
+
+@dataclass(frozen=True)
+class ChatTemplates:
+    """Which chat template renders a conversation: ``--chat-template`` for everything when given;
+    else the model's own, except that a conversation with tools whose model template ignores
+    ``tools`` (the embedded SmolLM2's) is rendered by the shipped tool-capable one."""
+
+    default: str | None  # MODEL_TEMPLATE, a template's text, or None: the model has none
+    with_tools: str | None = None  # the template for a conversation with tools, when it differs
+
+    def choose(self, has_tools: bool) -> str | None:
+        return self.with_tools if has_tools and self.with_tools is not None else self.default
+
+    @classmethod
+    def for_model(cls, model_template: str | None, override: str | None, tool_template: str | None) -> ChatTemplates:
+        if override is not None:
+            return cls(override)
+        if model_template is None:
+            return cls(None)
+        renders_tools = "tools" in model_template
+        return cls(MODEL_TEMPLATE, None if renders_tools else tool_template)
 COMPILE_TIMEOUT_S = 10.0  # llguidance's fuel limits bound a compile well below this; the wait is the backstop
 logger = logging.getLogger(__name__)
 
@@ -45,13 +69,14 @@ class WorkerEngineClient(EngineClient):
         default_assistant: str | None = None,
         compiler: GrammarCompiler | None = None,
         observer: EngineObserver | None = None,
+        templates: ChatTemplates | None = None,
     ) -> None:
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
         self._facts = facts
         self._max_queue = max_queue
-        self._has_chat_template = has_chat_template
+        self._templates = templates or ChatTemplates(MODEL_TEMPLATE if has_chat_template else None)
         self._assistants = assistants or []
         self._default_assistant = default_assistant
         # the model's generation_config.json values; requests override them, they override server defaults
@@ -92,22 +117,30 @@ class WorkerEngineClient(EngineClient):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._off_loop(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
 
-    async def apply_chat_template(self, messages: list[dict[str, str]]) -> list[int]:
-        if not self._has_chat_template:
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+        template = self._templates.choose(bool(tools))
+        if template is None:
             raise ParameterError(
                 f"model '{self._served_name}' has no chat template (it is a base model); "
-                "use /v1/completions with a plain prompt instead",
+                "use /v1/completions with a plain prompt instead, or start the server with --chat-template FILE",
                 param="messages",
                 code="chat_template_missing",
             )
+        options = {} if template is MODEL_TEMPLATE else {"chat_template": template}
+        if tools:
+            options["tools"] = tools
 
         def render() -> list[int]:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **options)
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return list(ids)
 
-        return await self._off_loop(render)
+        try:
+            return await self._off_loop(render)
+        except Exception as error:  # a template's own raise_exception(), or one that cannot render these messages
+            raise ParameterError(f"the chat template cannot render these messages: {error}",
+                                 param="messages") from error  # fmt: skip
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return await self._off_loop(lambda: self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))

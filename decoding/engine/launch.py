@@ -13,13 +13,14 @@ from __future__ import annotations
 import copy
 import logging
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from decoding.client_api import ServedModel
 from decoding.config import EngineConfig
 from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
-from decoding.engine.client import WorkerEngineClient
+from decoding.engine.client import ChatTemplates, WorkerEngineClient
 from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
 from decoding.engine.warmup import warm_up
@@ -88,6 +89,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         generation_defaults=loaded.generation_defaults,
         assistants=[ServedModel(name, "assistant", built.max_model_len) for name in built.assistants],
         default_assistant=config.default_assistant,
+        templates=ChatTemplates.for_model(getattr(loaded.tokenizer, "chat_template", None),
+                                          _read(config.chat_template), _read(config.tool_chat_template)),  # fmt: skip
         compiler=GrammarCompiler(copy.deepcopy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
         observer=observer,
     )
@@ -181,3 +184,7 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
             f"--default-assistant {config.default_assistant!r} is not among the assistants {sorted(assistants)}"
         )
     return assistants
+
+
+def _read(path: str | None) -> str | None:
+    return None if path is None else Path(path).read_text()

@@ -1,0 +1,125 @@
+"""Tool calling's parts without a model: the request checks, the Hermes parser (whole and streamed),
+the grammar that makes "required" and a named function decode into valid calls, the chunks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoding import ParameterError, RequestOutput, SequenceDelta
+from decoding.outputs import FinishReason
+from decoding.params.structured import StructuredOutput
+from server.responses import ChatFormat
+from server.schemas import ChatCompletionRequest
+from server.tool_parser import HermesStream, check_parser, parse_hermes
+from server.tools import Tool, call_grammar
+
+CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
+        "additionalProperties": False}
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": CITY}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+ASK = [{"role": "user", "content": "Weather in Oslo?"}]
+CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
+
+
+def request(**fields) -> ChatCompletionRequest:
+    return ChatCompletionRequest(messages=fields.pop("messages", ASK), **fields)
+
+
+def test_parse_a_whole_reply():
+    assert parse_hermes("plain text") == ("plain text", [])
+    content, calls = parse_hermes("Let me look.\n" + CALL + "\n" + CALL.replace("Oslo", "Rome"))
+    assert content == "Let me look." and [c.name for c in calls] == ["get_weather", "get_weather"]
+    assert [json.loads(c.arguments) for c in calls] == [{"city": "Oslo"}, {"city": "Rome"}]
+    assert calls[0].id.startswith("call_") and calls[0].id != calls[1].id
+    assert parse_hermes("<tool_call>\nnot json\n</tool_call>") == ("<tool_call>\nnot json\n</tool_call>", [])
+    content, calls = parse_hermes('<tool_call>\n{"name": "f", "arguments": {}}')  # cut before the closing tag
+    assert content is None and calls[0].name == "f"
+
+
+def test_a_stream_never_leaks_a_tag_or_call_json_into_content():
+    text = "Sure." + CALL + "\n" + CALL
+    for size in (1, 3, 7, len(text)):
+        stream, content, calls = HermesStream(), "", []
+        for start in range(0, len(text), size):
+            piece, found = stream.feed(text[start : start + size])
+            content += piece
+            calls += found
+        rest, more = stream.finish()
+        assert content + rest == "Sure." and len(calls + more) == 2
+
+
+def test_chunks_are_what_openai_stream_helpers_assemble():
+    fmt = ChatFormat("id", "m", 1, tool_parser=HermesStream)
+    deltas = ["Ok. ", CALL[:20], CALL[20:]]
+    chunks = []
+    for i, text in enumerate(deltas):
+        last = i == len(deltas) - 1
+        delta = SequenceDelta(index=0, text=text, token_ids=[1], finish_reason=FinishReason.STOP if last else None)
+        chunks += fmt.chunks(0, RequestOutput("r", deltas=[delta]))
+    content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+    pieces = [p for c in chunks for p in c["choices"][0]["delta"].get("tool_calls", [])]
+    assert content == "Ok. "
+    assert pieces[0]["id"].startswith("call_") and pieces[0]["function"] == {"name": "get_weather", "arguments": ""}
+    assert json.loads("".join(p["function"]["arguments"] for p in pieces)) == {"city": "Oslo"}
+    assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_request_checks_name_the_field():
+    cases = [
+        ({"tools": [WEATHER, WEATHER]}, "tools"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
+        ({"messages": [{"role": "tool", "content": "3"}]}, "messages"),
+    ]
+    for fields, param in cases:
+        with pytest.raises(ParameterError) as error:
+            body = request(**fields)
+            body.params({}, room=100)
+            body.messages_or_error()
+        assert error.value.param == param, fields
+    with pytest.raises(ValueError, match="hermes"):
+        check_parser("mistral-ish")
+
+
+def test_tool_turns_reach_the_template_with_objects_for_arguments():
+    messages = ASK + [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": '{"temp": 3}'},
+    ]  # fmt: skip
+    rendered = request(messages=messages, tools=[WEATHER]).messages_or_error()
+    assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+    assert rendered[2] == {"role": "tool", "content": '{"temp": 3}', "tool_call_id": "c1"}
+
+
+def test_required_and_named_constrain_the_reply_and_none_offers_nothing():
+    assert request(tools=[WEATHER]).params({}, room=100).structured_output is None  # auto: the model decides
+    required = request(tools=[WEATHER, TIME], tool_choice="required").params({}, room=100)
+    assert required.structured_output.param == "tool_choice" and not required.skip_special_tokens
+    assert request(tools=[WEATHER], tool_choice="none").template_tools() is None
+
+
+def test_the_call_grammar_accepts_valid_calls_only(smollm2_tokenizer):
+    from decoding.structured.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    tools = [Tool.model_validate(WEATHER), Tool.model_validate(TIME)]
+
+    def accepts(spec: StructuredOutput, text: str) -> bool:
+        matcher = compiler.compile(spec)[0].new_matcher()
+        ok = all(matcher.consume_token(t) for t in smollm2_tokenizer.encode(text, add_special_tokens=False))
+        return ok and matcher.is_accepting()
+
+    single = call_grammar(tools, "required", parallel=False)
+    assert accepts(single, CALL)
+    assert accepts(single, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not accepts(single, CALL.replace('"city": "Oslo"', '"town": "Oslo"'))
+    assert not accepts(single, CALL + "\n" + CALL)
+    assert accepts(call_grammar(tools, "required", parallel=True), CALL + "\n" + CALL)
+    choice = request(tools=[WEATHER, TIME], tool_choice={"type": "function", "function": {"name": "get_time"}})
+    named = call_grammar(tools, choice.tool_choice, parallel=True)
+    assert accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
+    assert not accepts(named, CALL)
