@@ -211,3 +211,38 @@ def test_request_checks_name_the_field():
         with pytest.raises(ParameterError) as error:
             validate(params)
         assert error.value.param == param
+
+
+def test_an_assistant_model_drafts_under_the_constraint(model, smollm2_tokenizer, compiler):
+    """Drafts from a preloaded assistant (another model of the same vocabulary) are verified
+    against the constrained target: assisted greedy equals constrained greedy, and sampled drafts
+    (rejection sampling against the masked distribution) still give JSON the schema accepts."""
+    from decoding.engine.core import Engine
+    from tests.engine_harness import as_served
+
+    assistant = tiny_llama(VOCAB, seed=99, num_layers=1)
+
+    def with_assistant() -> EngineHarness:
+        harness = EngineHarness(model, smollm2_tokenizer, [EOS], max_num_seqs=32)
+        engine = harness.engine
+        harness.engine = Engine(engine.runner.model, smollm2_tokenizer, [EOS], engine.limits, harness._collect,
+                                torch.device("cpu"), assistants={"small": as_served(assistant)})  # fmt: skip
+        return harness
+
+    assisted, plain, requests = with_assistant(), {}, {}
+    for i, schema in enumerate(SCHEMAS[:8]):
+        spec = StructuredOutput("json", schema, param="response_format")
+        prompt = prompts(1, seed=200 + i)[0]
+        plain[str(i)] = (prompt, constrained(compiler, spec, max_new_tokens=120))
+        requests[str(i)] = (prompt, constrained(compiler, spec, max_new_tokens=120, assistant_model="small"))
+        requests[f"s{i}"] = (prompt, constrained(compiler, spec, max_new_tokens=120, assistant_model="small",
+                                                 do_sample=True, seed=i))  # fmt: skip
+    for name, (prompt, params) in requests.items():
+        assisted.add(name, prompt, params)
+    assisted.run()
+    reference = run(model, smollm2_tokenizer, plain)
+    for key in plain:
+        assert assisted.token_ids(key) == reference.token_ids(key)
+    for key, (_, params) in requests.items():
+        assert assisted.finish_reason(key) == "stop", f"{key}: {assisted.text(key)!r}"
+        jsonschema.validate(json.loads(assisted.text(key)), params.structured_output.value)
