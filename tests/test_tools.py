@@ -123,3 +123,18 @@ def test_the_call_grammar_accepts_valid_calls_only(smollm2_tokenizer):
     named = call_grammar(tools, choice.tool_choice, parallel=True)
     assert accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
     assert not accepts(named, CALL)
+
+
+def test_bad_template_or_parser_flags_stop_the_server_at_start(tmp_path):
+    from server.settings import Settings, shipped_tool_template
+
+    with pytest.raises(ValueError, match="tool-call-parser"):
+        Settings(tool_call_parser="nope").check()
+    with pytest.raises(ValueError, match="no such file"):
+        Settings(chat_template=str(tmp_path / "absent.jinja")).check()
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for x in %}")
+    with pytest.raises(ValueError, match="broken.jinja"):
+        Settings(chat_template=str(broken)).check()
+    assert shipped_tool_template().endswith("hermes_tools.jinja")
+    assert Settings().engine_config().tool_chat_template == shipped_tool_template()
