@@ -79,7 +79,9 @@ def summarize(results: list[RequestResult], wall: float, concurrency: int) -> di
 
 async def one_request(client: AsyncOpenAI, model: str, prompt: str, args: argparse.Namespace) -> RequestResult:
     result = RequestResult()
-    extra = {**({"ignore_eos": True} if args.ignore_eos else {}), **json.loads(args.extra_body or "{}")}
+    extra = json.loads(getattr(args, "extra_body", None) or "{}")  # a caller's Namespace may not have it
+    if args.ignore_eos:
+        extra["ignore_eos"] = True
     bias = {str(t): -100 for t in args.ban_tokens} or None  # portable way to force max_tokens
     start = time.perf_counter()
     try:
