@@ -27,6 +27,19 @@ VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
 ACCESS_FIELDS = ("request_id", "client", "method", "path", "status", "duration_ms", "response_bytes")
 
 
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    """``text`` with every control character escaped (``\\x0a``): a decoded ``%0a`` in a URL must
+    not start a forged log line in the text format, nor a raw control character reach a log reader."""
+    return _UNPRINTABLE.sub(lambda match: _escape(ord(match.group())), text)
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code <= 0xFF else f"\\u{code:04x}"
+
+
 def request_id_of(scope: Scope) -> str:
     given = next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID_HEADER), "")
     return given if VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
@@ -64,9 +77,9 @@ class AccessLog:
             client = scope.get("client")
             fields = {
                 "request_id": request_id,
-                "client": f"{client[0]}:{client[1]}" if client else "-",
-                "method": scope["method"],
-                "path": scope["path"],
+                "client": printable(f"{client[0]}:{client[1]}") if client else "-",
+                "method": printable(scope["method"]),
+                "path": printable(scope["path"]),
                 "status": status,
                 "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                 "response_bytes": sent,

@@ -135,3 +135,18 @@ def test_bad_limit_settings_fail_at_startup(argv, message, tmp_path):
 async def _post(body: dict, **settings: object) -> httpx.Response:
     async with client_for(FakeEngineClient(), **settings) as http:
         return await http.post("/v1/completions", json=body)
+
+
+def test_a_control_character_in_the_url_cannot_forge_a_log_line(caplog):
+    async def go() -> httpx.Response:
+        async with client_for(FakeEngineClient()) as http:
+            return await http.get("/v1/models%0a127.0.0.1:1%20%22GET%20/admin%22%20200%0d%1b[2J")
+
+    with caplog.at_level(logging.INFO, logger="decoda.access"):
+        run(go())
+    (line,) = [r for r in caplog.records if r.name == "decoda.access"]
+    assert line.path == '/v1/models\\x0a127.0.0.1:1 "GET /admin" 200\\x0d\\x1b[2J'
+    text = line.getMessage()
+    assert "\n" not in text and "\r" not in text and "\x1b" not in text
+    entry = json.loads(JsonFormatter().format(line))
+    assert entry["path"] == line.path and "\n" not in entry["message"]
