@@ -1,7 +1,8 @@
 """Decode attention over the paged KV cache: every single-token row of a step in one call.
 
 Two implementations of one function. The native one (``paged_decode.c``, compiled with the
-system C compiler on first use and loaded with ctypes) reads each row's blocks where they lie.
+system C compiler on first use and loaded with ctypes, only from a directory and file no other user
+can write: ``native_kernel``) reads each row's blocks where they lie.
 Without a compiler (or on a GPU) the rows' blocks are gathered into a dense tensor and fed to
 ``grouped_attention``: the same numbers, at the price of copying the cache once per layer.
 ``DECODA_PAGED_KERNEL=torch`` forces the fallback (the tests compare the two).
@@ -14,12 +15,11 @@ import hashlib
 import logging
 import os
 import platform
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
+
+from decoding.kv.native_kernel import build_and_load
 
 logger = logging.getLogger(__name__)
 
@@ -83,39 +83,17 @@ def _native() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        logger.warning("no C compiler: decode attention gathers the paged cache (slower); install gcc")
-        return None
     machine = _cpu_id() if MARCH == "native" else MARCH.encode()
     tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + machine).hexdigest()[:16]
-    for folder in _kernel_dirs():
-        target = folder / f"paged_decode-{tag}.so"
-        try:
-            if not target.exists():
-                folder.mkdir(parents=True, exist_ok=True)
-                partial = folder / f".{target.name}.{os.getpid()}"
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(partial), "-lm"], check=True,
-                               capture_output=True, timeout=120)  # fmt: skip
-                partial.replace(target)  # atomic: replicas starting together never load half a file
-            library = ctypes.CDLL(str(target))
-        except (OSError, subprocess.SubprocessError) as exc:
-            logger.debug("paged attention kernel not built in %s: %s", folder, exc)
-            continue
-        library.paged_decode.restype = ctypes.c_int
-        library.paged_decode.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [
-            ctypes.c_float, ctypes.c_int, ctypes.c_int,
-        ]  # fmt: skip
-        return library
-    logger.warning("paged attention kernel could not be built: decode attention gathers the cache (slower)")
-    return None
-
-
-def _kernel_dirs() -> list[Path]:
-    dirs = [Path(d) for d in (os.environ.get("DECODA_KERNEL_DIR"),) if d]
-    dirs.append(Path.home() / ".cache" / "decoda" / "kernels")
-    dirs.append(Path(tempfile.gettempdir()) / "decoda-kernels")
-    return dirs
+    library = build_and_load(SOURCE, FLAGS, f"paged_decode-{tag}.so")
+    if library is None:
+        logger.warning("paged attention kernel unavailable: decode attention gathers the cache (slower)")
+        return None
+    library.paged_decode.restype = ctypes.c_int
+    library.paged_decode.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [
+        ctypes.c_float, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    return library
 
 
 def _cpu_id() -> bytes:
