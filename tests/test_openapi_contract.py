@@ -103,7 +103,7 @@ def test_the_documented_bounds_are_the_enforced_ones(name):
     bounds = BOUNDS[name]
     field = GENERATION_NAMES.get(name, name)
     others = {**EXAMPLE_OTHERS.get(name, {}), "max_new_tokens": 64, "num_beams": 4 if name == "num_beam_groups" else 1}
-    integer = isinstance(getattr(GenerationParams(), field), int) and name not in ("max_time",)
+    integer = (isinstance(getattr(GenerationParams(), field), int) or name == "seed") and name not in ("max_time",)
     step = 1 if integer else 1e-6
     edges = []
     if bounds.low is not None:

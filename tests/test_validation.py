@@ -64,3 +64,17 @@ def test_dead_code_is_gone_and_later_features_answer_clearly():
     with pytest.raises(ParameterError) as err:
         check_against_model(GenerationParams(custom_generate="x"), ModelFacts(vocab_size=10, max_model_len=64), [[1]])
     assert err.value.param == "custom_generate" and "registered methods: none" in err.value.message
+
+
+def test_a_seed_the_generator_cannot_take_is_a_400_naming_it():
+    from decoding.params import validate as check
+
+    for seed in (2**64, -(2**63) - 1, 10**30):
+        with pytest.raises(ParameterError) as error:
+            check(GenerationParams(do_sample=True, seed=seed))
+        assert error.value.param == "seed" and str(seed) in error.value.message
+    for seed in (0, 2**64 - 1, -(2**63)):
+        check(GenerationParams(do_sample=True, seed=seed))
+        import torch
+
+        torch.Generator().manual_seed(seed)  # the bounds are the generator's own

@@ -43,6 +43,7 @@ BOUNDS: dict[str, Bounds] = {
     "max_matching_ngram_size": Bounds(1),
     "assistant_confidence_threshold": Bounds(0, 1),
     "guidance_scale": Bounds(0, 100, low_open=True),  # HF takes any float; useful ones are ~1-10
+    "seed": Bounds(-(2**63), 2**64 - 1),  # what torch.Generator.manual_seed takes
 }
 
 

@@ -37,9 +37,9 @@ class Bounds:
 
     def describe(self) -> str:
         if self.high is None:
-            return f"{'>' if self.low_open else '>='} {self.low:g}"
+            return f"{'>' if self.low_open else '>='} {_number(self.low)}"
         left, right = ("(" if self.low_open else "["), (")" if self.high_open else "]")
-        return f"in {left}{self.low:g}, {self.high:g}{right}"
+        return f"in {left}{_number(self.low)}, {_number(self.high)}{right}"
 
     def json_schema(self) -> dict[str, float]:
         """JSON Schema (OpenAPI 3.1) keywords for these bounds."""
@@ -49,6 +49,11 @@ class Bounds:
         if self.high is not None:
             out["exclusiveMaximum" if self.high_open else "maximum"] = self.high
         return out
+
+
+def _number(value: float) -> str:
+    """Whole bounds exactly (a 64-bit seed's), others as short as they read (0.5, 1e-05)."""
+    return str(value) if isinstance(value, int) else f"{value:g}"
 
 
 def require(ok: bool, param: str, message: str) -> None:

@@ -43,6 +43,7 @@ def validate(params: GenerationParams) -> None:
     for words in params.bad_words_ids or []:
         require(bool(words), "bad_words_ids", "bad_words_ids must not contain an empty list")
     require(all(s for s in params.stop), "stop", "stop strings must not be empty")
+    in_range(params, "seed")
     _validate_beams(params)
     _validate_contrastive(params)
     _validate_dola(params)
