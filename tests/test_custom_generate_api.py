@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from decoding.params import GenerationParams, ParameterError, validate
@@ -101,3 +103,12 @@ def test_a_server_default_added_after_validation_is_refused_too():
     with pytest.raises(ParameterError) as err:
         check_against_model(params, engine().facts, [[1, 2]])
     assert err.value.param == "watermarking_config"
+
+
+def test_the_listing_shows_no_server_path():
+    async def get():
+        async with client_for(engine()) as http:
+            return await http.get("/v1/custom_generate")
+
+    (method,) = run(get()).json()["data"]
+    assert "path" not in method and METHOD.path not in json.dumps(method)

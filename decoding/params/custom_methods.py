@@ -71,7 +71,8 @@ class CustomMethodInfo:
     description: str = ""  # the first line of the function's docstring
 
     def as_json(self) -> dict[str, object]:
-        return {"id": self.name, "object": "custom_generate", "path": self.path, "arguments": list(self.arguments),
+        """What ``GET /v1/custom_generate`` shows: never ``path``, a location on the server's disk."""
+        return {"id": self.name, "object": "custom_generate", "arguments": list(self.arguments),
                 "description": self.description}  # fmt: skip
 
 
