@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError
-from decoding.params.model_checks import ModelFacts, check_against_model
+from decoding.params.model_checks import ModelFacts, check_against_model, check_text_size
 
 
 class QueueFullError(RuntimeError):
@@ -102,6 +102,10 @@ class EngineClient(ABC):
         if spec is None:
             return params
         raise ParameterError(f"{spec.param} is not supported by this engine", param=spec.param, code="unsupported")
+
+    def check_text_size(self, texts: Sequence[str], param: str) -> None:
+        """Before tokenizing: a text that cannot fit the context is a 400 without any tokenizer work."""
+        check_text_size(sum(len(text) for text in texts), self.facts, param)
 
     @abstractmethod
     def generate(

@@ -77,7 +77,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults)  # a bad knob is a 400 before any tokenizer work
     params = with_server_watermark(request, params)  # request > server default
-    prompts = [await client.tokenize(p) if isinstance(p, str) else list(p) for p in body.prompts_or_error()]
+    given = body.prompts_or_error()
+    client.check_text_size([p for p in given if isinstance(p, str)], "prompt")  # before the tokenizer runs
+    prompts = [await client.tokenize(p) if isinstance(p, str) else list(p) for p in given]
     params = await with_negative_prompt_ids(client, params)
     client.check_request(params, prompts, "prompt")
     params = await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
@@ -92,7 +94,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
     client = engine_of(request)
     model = served_model(client, body.model)
-    prompt_ids = await client.apply_chat_template(body.messages_or_error(), tools=body.template_tools())
+    messages = body.messages_or_error()
+    client.check_text_size([m["content"] for m in messages], "messages")  # before the template and tokenizer
+    prompt_ids = await client.apply_chat_template(messages, tools=body.template_tools())
     body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults, room=client.max_model_len - len(prompt_ids))
     params = with_server_watermark(request, params)  # request > server default

@@ -150,3 +150,45 @@ def test_a_control_character_in_the_url_cannot_forge_a_log_line(caplog):
     assert "\n" not in text and "\r" not in text and "\x1b" not in text
     entry = json.loads(JsonFormatter().format(line))
     assert entry["path"] == line.path and "\n" not in entry["message"]
+
+
+def test_a_text_too_long_for_any_tokenization_is_refused_before_the_tokenizer_runs():
+    from decoding import ModelFacts
+
+    class Counting(FakeEngineClient):
+        calls = 0
+
+        async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
+            Counting.calls += 1
+            return await super().tokenize(text, add_special_tokens)
+
+        async def apply_chat_template(self, messages, tools=None):  # noqa: ANN001, ANN201
+            Counting.calls += 1
+            return await super().apply_chat_template(messages, tools)
+
+    engine = Counting()
+    engine.facts = ModelFacts(vocab_size=100, max_model_len=64, num_layers=4, max_chars_per_token=4)
+    long_text = "hello " * 50  # 300 characters: more than 64 tokens of at most 4 characters can spell
+
+    async def go() -> list[httpx.Response]:
+        async with client_for(engine) as http:
+            return [
+                await http.post("/v1/completions", json={**BODY, "prompt": long_text}),
+                await http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": long_text}]}),
+                await http.post("/v1/completions", json=BODY),
+            ]
+
+    completion, chat, fine = run(go())
+    for answer, param in ((completion, "prompt"), (chat, "messages")):
+        assert answer.status_code == 400
+        assert error_of(answer)["param"] == param and error_of(answer)["code"] == "context_length_exceeded"
+    assert fine.status_code == 200 and Counting.calls == 1  # only the request that fits was tokenized
+
+
+def test_the_served_tokenizers_longest_token_bounds_the_text(smollm2_tokenizer):
+    from decoding.engine.launch import max_chars_per_token
+
+    longest = max_chars_per_token(smollm2_tokenizer)
+    assert 4 <= longest <= 256  # SmolLM2: 81, a run of spaces after a newline
+    for token_id in range(0, smollm2_tokenizer.vocab_size, 97):  # no token spells more text than that
+        assert len(smollm2_tokenizer.decode([token_id])) <= longest

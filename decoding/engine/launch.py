@@ -78,6 +78,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         assistants=tuple(built.assistants),
         custom_methods=tuple(method.info for method in built.custom_methods.values()),
         bos_token_id=loaded.model.config.bos_token_id,  # HF's detector reads the model config's
+        max_chars_per_token=max_chars_per_token(loaded.tokenizer),
     )
     return WorkerEngineClient(
         worker,
@@ -188,3 +189,9 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
 
 def _read(path: str | None) -> str | None:
     return None if path is None else Path(path).read_text()
+
+
+def max_chars_per_token(tokenizer: object) -> int:
+    """The longest vocabulary entry: a byte-level BPE entry has one character per byte it encodes and
+    a SentencePiece one one per character, so no token spells more characters of text than this."""
+    return max((len(token) for token in tokenizer.get_vocab()), default=1)

@@ -31,6 +31,9 @@ class ModelFacts:
     assistants: tuple[str, ...] = ()  # names of the preloaded draft models
     custom_methods: tuple[CustomMethodInfo, ...] = ()  # --custom-generate methods
     bos_token_id: int | None = None  # the detector drops a leading BOS, as HF's WatermarkDetector
+    # the longest text one token stands for (its vocabulary entry's length bounds it): a text longer
+    # than max_model_len of those cannot fit the context, whatever it tokenizes to; None: unknown
+    max_chars_per_token: int | None = None
 
 
 def check_against_model(
@@ -78,6 +81,22 @@ def check_against_model(
             f"n ({params.n}) with guidance_scale needs {2 * params.n} rows (each with its unconditional row), "
             f"more than the server's batch holds (--max-num-seqs {facts.max_num_seqs})",
             param="n",
+        )
+
+
+def check_text_size(num_chars: int, facts: ModelFacts, param: str) -> None:
+    """Refuse, before any tokenizer or template work, a text that cannot fit the context: past
+    ``max_model_len * max_chars_per_token`` characters no tokenization makes it short enough."""
+    if facts.max_chars_per_token is None:
+        return
+    limit = facts.max_model_len * facts.max_chars_per_token
+    if num_chars > limit:
+        raise ParameterError(
+            f"This model's maximum context length is {facts.max_model_len} tokens; the {param} has {num_chars} "
+            f"characters, more than any {facts.max_model_len} tokens can spell ({limit}). Please reduce the "
+            f"length of the {param}.",
+            param=param,
+            code="context_length_exceeded",
         )
 
 
