@@ -86,7 +86,8 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     if settings.protect_metrics:
         app.add_middleware(ProtectMetrics, digests=app.state.api_key_digests)
     app.add_middleware(RequestLimits, max_request_bytes=settings.max_request_bytes,
-                       max_concurrency_per_key=settings.max_concurrency_per_key)  # fmt: skip
+                       max_concurrency_per_key=settings.max_concurrency_per_key,
+                       keyed=bool(app.state.api_key_digests))  # fmt: skip
     app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app

@@ -5,10 +5,12 @@ that an oversized body is refused from its ``Content-Length`` before any of it i
 sent without a length (chunked) is counted as it arrives; the read that crosses the limit raises
 a ``HTTPException`` subclass, which FastAPI passes through its body parser to the error handler.
 
-The concurrency limit counts what one key has open on ``/v1/*`` (streams until they end). With
-API keys configured that is per key; without, every caller shares the anonymous key, so the limit
-is a server-wide cap. Excess requests are answered at once with 429 and ``Retry-After``, never
-queued: the engine's own queue (``--max-queue``) is the place where work waits.
+The concurrency limit counts what one caller has open on ``/v1/*`` (streams until they end). With
+API keys configured a caller is its key; without, a bearer token proves nothing (anyone may send
+a fresh one per request and so escape any limit), so a caller is its client address: behind a
+proxy that is the proxy, and the limit acts as a cap for everything it forwards. Excess requests
+are answered at once with 429 and ``Retry-After``, never queued: the engine's own queue
+(``--max-queue``) is the place where work waits.
 """
 
 from __future__ import annotations
@@ -38,8 +40,12 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-def caller_key(scope: Scope) -> str:
-    """Who a request counts against: a digest of its bearer token (never the key itself), or anonymous."""
+def caller_key(scope: Scope, keyed: bool = True) -> str:
+    """Who a request counts against: with API keys, a digest of its bearer token (never the key
+    itself), or anonymous; without them, its client address."""
+    if not keyed:
+        client = scope.get("client")
+        return f"address {client[0]}" if client else "anonymous"
     scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         return "anonymous"
@@ -49,8 +55,10 @@ def caller_key(scope: Scope) -> str:
 class RequestLimits:
     """413 for bodies over ``max_request_bytes``; 429 past ``max_concurrency_per_key`` (0: no limit)."""
 
-    def __init__(self, app: ASGIApp, max_request_bytes: int, max_concurrency_per_key: int) -> None:
+    def __init__(self, app: ASGIApp, max_request_bytes: int, max_concurrency_per_key: int, keyed: bool = True) -> None:
+        """``keyed``: the server checks API keys (a caller is its key, else its client address)."""
         self.app = app
+        self.keyed = keyed
         self.max_request_bytes = max_request_bytes
         self.max_concurrency_per_key = max_concurrency_per_key
         self.open: Counter[str] = Counter()
@@ -64,7 +72,7 @@ class RequestLimits:
         if limit and length is not None and length.isdigit() and int(length) > limit:
             await too_large(limit).response()(scope, receive, send)
             return
-        key = caller_key(scope)
+        key = caller_key(scope, self.keyed)
         if self.max_concurrency_per_key and self.open[key] >= self.max_concurrency_per_key:
             error = APIError(429, f"too many concurrent requests for this API key (limit "
                              f"{self.max_concurrency_per_key}, --max-concurrency-per-key); retry when one ends",

@@ -192,3 +192,22 @@ def test_the_served_tokenizers_longest_token_bounds_the_text(smollm2_tokenizer):
     assert 4 <= longest <= 256  # SmolLM2: 81, a run of spaces after a newline
     for token_id in range(0, smollm2_tokenizer.vocab_size, 97):  # no token spells more text than that
         assert len(smollm2_tokenizer.decode([token_id])) <= longest
+
+
+def test_without_api_keys_an_invented_token_does_not_escape_the_limit(tmp_path):
+    """Without keys, a caller is its client address: fresh bearer tokens share its slots."""
+    settings = settings_from(["--max-concurrency-per-key", "1"], tmp_path=tmp_path)
+
+    async def go() -> list[httpx.Response]:
+        async with client_for(FakeEngineClient(delay=0.2), **vars(settings)) as http:
+            def call(token: str):  # noqa: ANN202
+                return http.post("/v1/completions", json={**BODY, "max_tokens": 3},
+                                 headers={"Authorization": f"Bearer {token}"})  # fmt: skip
+
+            first = asyncio.ensure_future(call("made-up-1"))
+            await asyncio.sleep(0.1)
+            second = await call("made-up-2")
+            return [await first, second]
+
+    first, second = run(go())
+    assert first.status_code == 200 and second.status_code == 429
