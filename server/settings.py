@@ -91,7 +91,7 @@ class Settings:
     )
     max_concurrency_per_key: int = field(
         default=0,
-        metadata={"help": "open /v1/* requests per API key (all callers together without keys); more get 429 (0: off)"},
+        metadata={"help": "open /v1/* requests per API key (per client address without keys); more get 429 (0: off)"},
     )
     playground: bool = field(
         default=True, metadata={"help": "serve the playground page at / (--no-playground: the API only)"}
