@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field
 
 from decoding import RequestOutput, TokenLogprob
-from server.tool_parser import parse_hermes
+from server.tool_parser import parse_whole
 
 
 @dataclass
@@ -290,7 +290,7 @@ class ChatFormat(_Format):
             message: dict = {"role": "assistant", "content": state.text}
             finish_reason = state.finish_reason
             if self.tool_parser is not None:
-                content, calls = parse_hermes(state.text)
+                content, calls = parse_whole(state.text, self.tool_parser)
                 if calls:
                     message = {"role": "assistant", "content": content,
                                "tool_calls": [call.as_json() for call in calls]}  # fmt: skip

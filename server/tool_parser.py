@@ -42,7 +42,12 @@ def parse_call(body: str) -> ToolCall | None:
 
 def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
     """(content before and around the calls, or None when empty; the calls) of a whole reply."""
-    stream = HermesStream()
+    return parse_whole(text, HermesStream)
+
+
+def parse_whole(text: str, parser: type[HermesStream]) -> tuple[str | None, list[ToolCall]]:
+    """A whole reply through a stream parser of ``PARSERS``: the same rules, streamed or not."""
+    stream = parser()
     content, calls = stream.feed(text)
     more_content, more_calls = stream.finish()
     content = (content + more_content).strip()

@@ -52,3 +52,12 @@ def test_a_planted_library_is_never_loaded(tmp_path, caplog):
 
 def test_the_shared_temporary_folder_is_per_user():
     assert native_kernel.kernel_dirs()[-1].name == f"decoda-kernels-{os.geteuid()}"
+
+
+def test_a_cached_kernel_loads_without_a_compiler(tmp_path, monkeypatch):
+    """The image builds its kernel, then removes gcc: the cached library must still load."""
+    folder = tmp_path / "kernels"
+    assert load(folder) is not None
+    monkeypatch.setenv("CC", "no-such-compiler")
+    assert load(folder) is not None
+    assert native_kernel.build_and_load(SOURCE, FLAGS, "paged_decode-other.so", dirs=[folder]) is None

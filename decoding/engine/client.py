@@ -28,6 +28,8 @@ from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
 
 T = TypeVar("T")
+logger = logging.getLogger(__name__)
+COMPILE_TIMEOUT_S = 10.0  # llguidance's fuel limits bound a compile well below this; the wait is the backstop
 MODEL_TEMPLATE = "model"  # the tokenizer's own chat template
 
 
@@ -51,8 +53,6 @@ class ChatTemplates:
             return cls(None)
         renders_tools = "tools" in model_template
         return cls(MODEL_TEMPLATE, None if renders_tools else tool_template)
-COMPILE_TIMEOUT_S = 10.0  # llguidance's fuel limits bound a compile well below this; the wait is the backstop
-logger = logging.getLogger(__name__)
 
 
 class WorkerEngineClient(EngineClient):
@@ -207,6 +207,7 @@ class WorkerEngineClient(EngineClient):
             logger.info("drained in %.1f s", loop.time() - started)
         await asyncio.to_thread(self.worker.stop, 10.0)
         self._text_thread.shutdown(wait=False, cancel_futures=True)
+        self._compile_thread.shutdown(wait=False, cancel_futures=True)
 
 
 class OutputStream:

@@ -44,10 +44,6 @@ class _Fed:
     row_input: RowInput
     prompt: bool
 
-    @property
-    def request(self) -> Request:
-        return self.strategy.request
-
 
 class Engine:
     def __init__(

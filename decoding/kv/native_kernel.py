@@ -54,11 +54,8 @@ def kernel_dirs() -> list[Path]:
 
 def build_and_load(source: Path, flags: list[str], name: str, dirs: list[Path] | None = None) -> ctypes.CDLL | None:
     """The kernel ``name`` (a file name keyed by source, flags and CPU) from the first trusted
-    directory, compiling it there first when it is not cached; None when no directory will do."""
-    compiler = shutil.which(os.environ.get("CC", "cc"))
-    if compiler is None:
-        logger.warning("no C compiler: %s is not built; install gcc", source.name)
-        return None
+    directory, compiling it there first when it is not cached; None when no directory will do. A
+    cached kernel needs no compiler (the image builds its kernel, then removes the compiler)."""
     for folder in kernel_dirs() if dirs is None else dirs:
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -72,6 +69,10 @@ def build_and_load(source: Path, flags: list[str], name: str, dirs: list[Path] |
         target = folder / name
         try:
             if not os.path.lexists(target):
+                compiler = shutil.which(os.environ.get("CC", "cc"))
+                if compiler is None:
+                    logger.warning("no C compiler: %s is not built; install gcc", source.name)
+                    return None
                 _compile(compiler, flags, source, folder, target)
             problem = untrusted_reason(target, directory=False)
             if problem is not None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 from decoding.params.errors import ParameterError
@@ -28,8 +29,10 @@ class StructuredOutput:
     value: Any
     param: str = "structured_outputs"  # the field the user sent, for error messages
 
+    @cached_property
     def key(self) -> str:
-        """The same constraint, however it was written, has one key (the compile cache's)."""
+        """The same constraint, however it was written, has one key (the compile cache's); serialised
+        once, though both the size check and the cache read it."""
         return json.dumps([self.kind, self.value], sort_keys=True, separators=(",", ":"))
 
     def validate(self) -> None:
@@ -45,7 +48,7 @@ class StructuredOutput:
                 raise ParameterError(f"{self.param}: choice must be a non-empty list of non-empty strings", self.param)
             if len(choices) > MAX_CHOICES:
                 raise ParameterError(f"{self.param}: at most {MAX_CHOICES} choices, got {len(choices)}", self.param)
-        size = len(self.key())
+        size = len(self.key)
         if size > MAX_SPEC_CHARS:
             raise ParameterError(
                 f"{self.param} is {size} characters serialised; at most {MAX_SPEC_CHARS} are accepted", self.param

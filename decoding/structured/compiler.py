@@ -68,7 +68,7 @@ class GrammarCompiler:
 
     def compile(self, spec: StructuredOutput) -> tuple[CompiledGrammar, bool]:
         """The compiled constraint and whether it came from the cache."""
-        key = spec.key()
+        key = spec.key
         with self._lock:
             cached = self._cache.get(key)
             if cached is not None:
