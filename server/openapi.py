@@ -21,7 +21,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
-from decoding.params import BOUNDS, MAX_N
+from decoding.params import BOUNDS, MAX_N, SIZE_LIMITS
 
 API_PREFIX = "/v1/"
 ERROR_STATUSES = {
@@ -203,7 +203,6 @@ def _constrain_request(model_schema: dict[str, Any], engine: Any) -> None:
     for branch in _branches(props["logit_bias"]):
         branch["additionalProperties"] = {"type": "number", **BOUNDS["logit_bias"].json_schema()}
         branch["propertyNames"] = {"pattern": "^[0-9]+$"}
-        branch["maxProperties"] = 300
     names = [m.name for m in engine.served_models()]
     _constrain(props["model"], {"enum": names[:1]}, ("string",))
     assistants = [m.name for m in engine.served_models() if m.role == "assistant"]
@@ -231,3 +230,22 @@ def _constrain_request(model_schema: dict[str, Any], engine: Any) -> None:
                     items["minLength"] = 1
                 elif items.get("type") == "array":
                     branch["items"] = {"type": "array", "items": token_id, "minItems": 1}
+    _state_sizes(props)
+
+
+def _state_sizes(props: dict[str, Any]) -> None:
+    """Every list's ``SIZE_LIMITS`` entry, the table ``validate`` and the schemas enforce."""
+    for name, limit in SIZE_LIMITS.items():
+        if name not in props:
+            continue
+        for branch in _branches(props[name]):
+            kind = branch.get("type")
+            items = branch.get("items", {})
+            if kind == "object":
+                branch.update(limit.json_schema("object"))
+            elif kind == "array" and not (name == "prompt" and items.get("type") == "integer"):  # one prompt's ids
+                branch.update(limit.json_schema())
+                if items.get("type") in ("string", "array") and name != "sequence_bias":  # its items are pairs
+                    items.update(limit.item_schema(items["type"]))
+            elif kind == "string" and name in ("stop", "stop_strings"):  # one stop sequence
+                branch.update(limit.item_schema("string"))

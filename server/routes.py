@@ -8,6 +8,7 @@ streams to ``server.streaming`` with the endpoint's formatter from ``server.resp
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import AsyncIterator
 
@@ -95,8 +96,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     client = engine_of(request)
     model = served_model(client, body.model)
     messages = body.messages_or_error()
-    client.check_text_size([m["content"] for m in messages], "messages")  # before the template and tokenizer
-    prompt_ids = await client.apply_chat_template(messages, tools=body.template_tools())
+    tools = body.template_tools()
+    texts = [m["content"] for m in messages] + ([json.dumps(tools)] if tools else [])
+    client.check_text_size(texts, "messages")  # before the template and tokenizer
+    prompt_ids = await client.apply_chat_template(messages, tools=tools)
     body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults, room=client.max_model_len - len(prompt_ids))
     params = with_server_watermark(request, params)  # request > server default

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field
 
 from decoding import GenerationParams, ParameterError
-from decoding.params import validate
+from decoding.params import check_size, validate
 from server.generation_fields import GenerationFields, Strict
 from server.tools import Tool, ToolChoice, call_grammar, check_tools, offered, template_tools
 from server.translate import to_params
@@ -100,6 +100,7 @@ class CompletionRequest(GenerationFields):
         elif prompt and all(isinstance(p, int) for p in prompt):
             prompts = [prompt]
         else:
+            check_size("prompt", prompt)
             prompts = list(prompt)
         if not prompts or any(len(p) == 0 for p in prompts):
             raise ParameterError("prompt must not be empty", param="prompt")
@@ -154,6 +155,8 @@ class ChatCompletionRequest(GenerationFields):
     def messages_or_error(self) -> list[dict[str, Any]]:
         if not self.messages:
             raise ParameterError("messages must not be empty", param="messages")
+        check_size("messages", self.messages)
+        check_size("tools", self.tools)  # the template renders them with the messages
         return [m.as_template_message(i) for i, m in enumerate(self.messages)]
 
     def logprobs_count(self) -> int | None:

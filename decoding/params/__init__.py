@@ -2,7 +2,8 @@
 
 Read in import order: ``errors`` (ParameterError, Bounds) → ``watermarking`` (HF's
 WatermarkingConfig) → ``generation`` (GenerationParams, the strategy HF would pick) → ``bounds``
-(the ranges table /openapi.json states) → ``lengths`` (HF's total lengths as per-row limits) →
+(the ranges table /openapi.json states) → ``sizes`` (how long each list may be) → ``lengths`` (HF's
+total lengths as per-row limits) →
 ``knobs`` and ``custom_methods`` (checks of the newer knobs and of custom methods) → ``validate``
 (everything, once) → ``model_checks`` (what also depends on the served model) and
 ``model_defaults`` (a model's generation_config.json as request defaults).
@@ -14,16 +15,19 @@ each other by module, never through this facade.
 from decoding.params.bounds import BOUNDS, MAX_CONTRASTIVE_TOP_K, MAX_N
 from decoding.params.errors import Bounds, ParameterError
 from decoding.params.generation import GenerationParams, Strategy, guidance_active, is_assisted, resolve_strategy
+from decoding.params.sizes import SIZE_LIMITS, check_size
 from decoding.params.validate import validate
 
 __all__ = [
     "BOUNDS",
     "MAX_CONTRASTIVE_TOP_K",
     "MAX_N",
+    "SIZE_LIMITS",
     "Bounds",
     "GenerationParams",
     "ParameterError",
     "Strategy",
+    "check_size",
     "guidance_active",
     "is_assisted",
     "resolve_strategy",

@@ -14,6 +14,7 @@ from decoding.params.custom_methods import validate_custom
 from decoding.params.errors import require
 from decoding.params.generation import GenerationParams, Strategy, guidance_active, is_assisted, resolve_strategy
 from decoding.params.knobs import validate_knobs
+from decoding.params.sizes import check_sizes
 
 
 def validate(params: GenerationParams) -> None:
@@ -23,6 +24,7 @@ def validate(params: GenerationParams) -> None:
     errors: nothing a user sets is silently ignored. What also depends on the served model (its
     vocabulary, layers, context, the server's batch) is ``decoding.params.model_checks.check_against_model``.
     """
+    check_sizes(params)  # first: no check below walks an unbounded list
     in_range(params, "max_tokens", params.max_new_tokens)
     in_range(params, "min_tokens", params.min_new_tokens)
     require(
