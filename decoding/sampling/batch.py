@@ -43,6 +43,14 @@ def _knob(rows: list[RowSamplingState], value_of, keep, device: torch.device) ->
     return _Knob(index, values)
 
 
+def _pairs(per_row: list[tuple[int, torch.Tensor]], device: torch.device) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """``(rows, tokens)`` index tensors of each row's token tensor, or None when no row has one."""
+    if not per_row:
+        return None
+    rows = torch.cat([torch.full_like(tokens, i) for i, tokens in per_row])
+    return rows.to(device), torch.cat([tokens for _, tokens in per_row]).to(device)
+
+
 class SamplingBatch:
     def __init__(self, rows: list[RowSamplingState], device: torch.device, min_tokens_to_keep: int = 1) -> None:
         self.rows = rows
@@ -73,27 +81,14 @@ class SamplingBatch:
             rows, lambda r: r.params.epsilon_cutoff, sampled(lambda p: 0.0 < p.epsilon_cutoff < 1.0), device
         )
         self.eta = _knob(rows, lambda r: r.params.eta_cutoff, sampled(lambda p: 0.0 < p.eta_cutoff < 1.0), device)
-        # static bans and biases: (row, token) pairs fixed for the request's life
-        bias_rows, bias_tokens, bias_values = [], [], []
-        suppress_rows, suppress_tokens = [], []
-        for i, r in enumerate(rows):
-            for token, bias in (r.params.logit_bias or {}).items():
-                bias_rows.append(i)
-                bias_tokens.append(int(token))
-                bias_values.append(float(bias))
-            for token in r.params.suppress_tokens or []:
-                suppress_rows.append(i)
-                suppress_tokens.append(token)
-
-        def ids(values: list[int]) -> torch.Tensor:
-            return torch.tensor(values, dtype=torch.long, device=device)
-
-        self.bias = (
-            (ids(bias_rows), ids(bias_tokens), torch.tensor(bias_values, dtype=torch.float32, device=device))
-            if bias_rows
-            else None
-        )
-        self.suppress = (ids(suppress_rows), ids(suppress_tokens)) if suppress_rows else None
+        # static bans and biases: (row, token) pairs fixed for the request's life, as tensors built
+        # once per request (sampling/token_rules.py), so a long list costs nothing here per step
+        biased = [(i, r.rules.logit_bias) for i, r in enumerate(rows) if r.rules and r.rules.logit_bias is not None]
+        self.bias = _pairs([(i, tokens) for i, (tokens, _) in biased], device)
+        if self.bias is not None:
+            self.bias = (*self.bias, torch.cat([values for _, (_, values) in biased]))
+        self.suppress = _pairs([(i, r.rules.suppress) for i, r in enumerate(rows)
+                                if r.rules and r.rules.suppress is not None], device)  # fmt: skip
         self.history_rows = [
             i for i, r in enumerate(rows) if r.ngrams is not None or r.params.bad_words_ids or r.params.min_new_tokens
         ]
@@ -193,7 +188,7 @@ class SamplingBatch:
         rows, tokens = [], []
         for i in self.history_rows:
             row = self.rows[i]
-            banned = set(row.banned_ngram_tokens()) | set(row.banned_bad_words())
+            banned = row.banned_ngram_tokens() | row.banned_bad_words()
             if row.num_generated < row.params.min_new_tokens:  # HF MinNewTokensLengthLogitsProcessor
                 banned.update(row.eos_token_ids)
             rows.extend([i] * len(banned))

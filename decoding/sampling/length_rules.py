@@ -39,14 +39,6 @@ def _power(factor: float, exponent: int) -> float:
         return math.inf
 
 
-def _hf_bias_order(pairs: list) -> list:
-    """HF's order of adding biases: one-token sequences first, then longer ones grouped by prefix length
-    (groups in order of first appearance, list order within a group)."""
-    longer = [p for p in pairs if len(p[0]) > 1]
-    lengths = list(dict.fromkeys(len(p[0]) for p in longer))
-    return [p for p in pairs if len(p[0]) == 1] + [p for n in lengths for p in longer if len(p[0]) == n]
-
-
 class LengthKnobs:
     """The per-row parameters of these knobs for one batch of rows; ``active`` if any row sets one."""
 
@@ -54,7 +46,7 @@ class LengthKnobs:
         self.rows = rows
         self.device = device
         self.sequence_bias = [i for i, r in enumerate(rows) if r.params.sequence_bias]
-        self._hf_order = {i: _hf_bias_order(rows[i].params.sequence_bias) for i in self.sequence_bias}
+        self._sequence_bias_index = self._ids(self.sequence_bias) if self.sequence_bias else None
         self.min_length = [i for i, r in enumerate(rows) if r.params.min_length > 0]
         self.forced_bos = [i for i, r in enumerate(rows) if r.params.forced_bos_token_id is not None]
         self.forced_eos = [i for i, r in enumerate(rows) if r.params.forced_eos_token_id is not None]
@@ -82,34 +74,14 @@ class LengthKnobs:
     # ---- sequence_bias (SequenceBiasLogitsProcessor) -------------------------------------------------
     def apply_sequence_bias(self, scores: torch.Tensor) -> None:
         """Adds each row's biases: one-token sequences always, longer ones on their last token when
-        the history ends with the rest (the prefix must fit in the history), as HF does.
-
-        Sparse: only the (row, token) pairs that get a bias are touched. HF adds a dense bias
-        tensor (zeros elsewhere, which changes no score); where several sequences bias the same
-        token, their biases are summed first in float32, in HF's order, as HF's tensor holds them."""
+        the history ends with the rest (the prefix must fit in the history), as HF does: a dense
+        float32 bias row per row, summed in HF's order (``TokenRules.sequence_bias_row``), then added
+        to the scores, as HF's ``scores + bias``."""
         if not self.sequence_bias:
             return
-        sums: dict[tuple[int, int], list[float]] = {}
-        for i in self.sequence_bias:
-            history = self.rows[i].history
-            for ids, value in self._hf_order[i]:
-                prefix = ids[:-1]
-                if not prefix or (len(prefix) <= len(history) and history[len(history) - len(prefix) :] == prefix):
-                    sums.setdefault((i, ids[-1]), []).append(float(value))
-        if not sums:
-            return
-        pairs = list(sums)
-        values = [self._float32_sum(sums[pair]) for pair in pairs]
-        index = (self._ids([i for i, _ in pairs]), self._ids([t for _, t in pairs]))
-        scores[index] = scores[index] + torch.tensor(values, dtype=scores.dtype, device=self.device)
-
-    def _float32_sum(self, values: list[float]) -> float:
-        if len(values) == 1:
-            return values[0]
-        total = torch.zeros((), dtype=torch.float32, device=self.device)
-        for value in values:  # one-token biases first (HF's length_1_bias), then the rest in order
-            total = total + value
-        return float(total)
+        bias = torch.stack([self.rows[i].rules.sequence_bias_row(self.rows[i].history) for i in self.sequence_bias])
+        index = self._sequence_bias_index
+        scores[index] = scores[index] + bias.to(scores.dtype)
 
     # ---- min_length, forced_bos/eos, exponential decay (HF's order, before suppress_tokens) ------------
     def apply_length_rules(self, scores: torch.Tensor) -> None:
@@ -160,14 +132,10 @@ class LengthKnobs:
 
     # ---- begin_suppress_tokens (SuppressTokensAtBeginLogitsProcessor) -----------------------------------
     def apply_begin_suppress(self, scores: torch.Tensor) -> None:
-        rows, tokens = [], []
         for i in self.begin_suppress:
             row = self.rows[i]
             if len(row.history) == self._begin_index[i]:
-                rows.extend([i] * len(row.params.begin_suppress_tokens))
-                tokens.extend(row.params.begin_suppress_tokens)
-        if rows:
-            scores[self._ids(rows), self._ids(tokens)] = NEG_INF
+                scores[i, row.rules.begin_suppress] = NEG_INF
 
     # ---- renormalize_logits (LogitNormalization) ----------------------------------------------------
     def apply_renormalize(self, scores: torch.Tensor) -> None:

@@ -13,6 +13,7 @@ import torch
 
 from decoding.params import GenerationParams
 from decoding.sampling.grammar import RowGrammar
+from decoding.sampling.token_rules import TokenRules
 
 
 class RowSamplingState:
@@ -42,6 +43,9 @@ class RowSamplingState:
                 self.seen[torch.tensor(prompt_ids, dtype=torch.long, device=self.device)] = True
         if params.presence_penalty or params.frequency_penalty:
             self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=self.device)
+        lists = (params.logit_bias, params.suppress_tokens, params.begin_suppress_tokens, params.bad_words_ids,
+                 params.sequence_bias)  # fmt: skip
+        self.rules = TokenRules.of(params, vocab_size, self.device) if any(lists) else None
         compiled = params.compiled_grammar  # decoding.structured.CompiledGrammar
         self.grammar = None if compiled is None else RowGrammar(compiled.new_matcher(), self.eos_token_ids)
         if params.no_repeat_ngram_size > 0:
@@ -85,14 +89,11 @@ class RowSamplingState:
         prefix = tuple(self.history[len(self.history) + 1 - size :]) if size > 1 else ()
         return self.ngrams.get(prefix, set())
 
-    def banned_bad_words(self) -> list[int]:
+    def banned_bad_words(self) -> set[int]:
         """Last tokens of ``bad_words_ids`` sequences whose prefix ends the history (HF's NoBadWords)."""
-        banned = []
-        for words in self.params.bad_words_ids or []:
-            prefix = words[:-1]
-            if not prefix or (len(prefix) <= len(self.history) and self.history[-len(prefix) :] == prefix):
-                banned.append(words[-1])
-        return banned
+        if self.rules is None or not self.params.bad_words_ids:
+            return set()
+        return self.rules.banned_bad_words(self.history)
 
 
 def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torch.Generator:

@@ -1,0 +1,120 @@
+"""What one hostile-but-valid request costs everyone else: a 16-client load's tok/s alone and with
+such a request running beside it, in a loop.
+
+The hostile request sets every list-valued knob at its limit (``decoding/params/sizes.py``):
+1024 banned phrases of 32 tokens, 1024 biased sequences, 300 logit biases, half the vocabulary in
+``suppress_tokens``, 16 stop sequences and 16 HF stop strings of 512 characters, with ``n`` rows.
+Before the limits and the prefix tries a 3 MB ``bad_words_ids`` made every step seconds long;
+the goal is ≥ 0.8× (the hostile rows also take their fair share of each batched step, which
+costs the others something legitimately).
+
+One Decoda server (the embedded SmolLM2, float32); the two modes take turns within each round
+(order reversed every other round), so drift over minutes hits both.
+
+    .venv/bin/python -m loadtests.bench_hostile --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import subprocess
+import sys
+import threading
+
+import httpx
+
+from loadtests.compare import ROOT, free_port, wait_ready
+from loadtests.loadgen import build_parser as loadgen_parser
+from loadtests.loadgen import run_load
+
+VOCAB = 49152  # SmolLM2's
+
+
+def hostile_body(n: int, max_tokens: int, seed: int = 0) -> dict:
+    rng = random.Random(seed)
+
+    def ids(k: int) -> list[int]:
+        return [rng.randrange(1000, VOCAB) for _ in range(k)]
+
+    return {
+        "prompt": "Write a long story about a lighthouse keeper.",
+        "max_tokens": max_tokens,
+        "n": n,
+        "temperature": 0.8,
+        "seed": seed,
+        "ignore_eos": True,
+        "bad_words_ids": [ids(32) for _ in range(1024)],
+        "sequence_bias": [[ids(32), 0.5] for _ in range(1024)],
+        "logit_bias": {str(t): 0.1 for t in ids(300)},
+        "suppress_tokens": list(range(VOCAB // 2, VOCAB)),
+        "stop": ["".join(rng.choice("qxzj") for _ in range(512)) for _ in range(16)],
+        "stop_strings": ["".join(rng.choice("qxzj") for _ in range(512)) for _ in range(16)],
+    }
+
+
+def keep_sending(url: str, body: dict, stop: threading.Event, errors: list[str]) -> None:
+    """Send the hostile request again and again until ``stop``; its own tokens are not counted."""
+    with httpx.Client(timeout=600) as http:
+        while not stop.is_set():
+            r = http.post(f"{url}/v1/completions", json=body)
+            if r.status_code != 200:
+                errors.append(f"{r.status_code} {r.text[:200]}")
+                return
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--requests-per-client", type=int, default=3)
+    parser.add_argument("--max-tokens", type=int, default=128)
+    parser.add_argument("--hostile-n", type=int, default=4, help="rows of the hostile request")
+    args = parser.parse_args()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-num-seqs",
+               str(args.concurrency + args.hostile_n), "--max-model-len", "1024"]  # fmt: skip
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    body = hostile_body(args.hostile_n, args.max_tokens)
+    print(f"hostile body: {len(json.dumps(body)) / 1e6:.2f} MB, n={args.hostile_n}", flush=True)
+    results: dict[str, list[float]] = {"alone": [], "beside hostile": []}
+    try:
+        problem = wait_ready(url, proc, 300)
+        if problem:
+            raise SystemExit(f"server: {problem}")
+        for round_ in range(args.rounds):
+            order = list(results) if round_ % 2 == 0 else list(results)[::-1]
+            for mode in order:
+                stop, errors = threading.Event(), []
+                sender = None
+                if mode != "alone":
+                    sender = threading.Thread(target=keep_sending, args=(url, body, stop, errors), daemon=True)
+                    sender.start()
+                load = loadgen_parser().parse_args(
+                    ["--url", url, "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
+                     "--requests", str(args.concurrency * args.requests_per_client), "--ignore-eos"]
+                )  # fmt: skip
+                summary = asyncio.run(run_load(load))
+                stop.set()
+                if sender is not None:
+                    sender.join(600)
+                if summary["errors"] or errors:
+                    raise SystemExit(f"{mode}: {summary.get('first_error') or errors[0]}")
+                results[mode].append(summary["output_tok_s"])
+                print(f"round {round_ + 1} {mode}: {summary['output_tok_s']:.1f} tok/s", flush=True)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    ratios = [h / a for h, a in zip(results["beside hostile"], results["alone"], strict=True)]
+    print(f"\n| clients | alone tok/s | beside a hostile request tok/s | ratio (per round) |\n|---:|---:|---:|---:|\n"
+          f"| {args.concurrency} | {statistics.median(results['alone']):.1f} | "
+          f"{statistics.median(results['beside hostile']):.1f} | {statistics.median(ratios):.2f}x "
+          f"({', '.join(f'{r:.2f}' for r in ratios)}) |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
