@@ -2,8 +2,11 @@
 
 Detection needs no model, only its vocabulary size, BOS id and tokenizer: the handler tokenizes
 ``text`` through the engine client (off the event loop), then scores the ids with
-``decoding.sampling.watermark.detect_watermark`` in a worker thread (each scored token may draw a fresh
-vocabulary permutation: milliseconds each). The config defaults to the server's ``--watermark``,
+``decoding.sampling.watermark.detect_watermark`` on one scoring thread (each scored token may draw a
+fresh vocabulary permutation: milliseconds each). One thread, so a flood of detections queues
+instead of taking every core from generation; the text's size is checked before the tokenizer
+runs and the ids are at most the context long; a client that leaves stops its scoring. The
+config defaults to the server's ``--watermark``,
 which also watermarks every generation request that names none
 (``server.watermark_protocol.with_server_watermark``).
 """
@@ -12,16 +15,21 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
+from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 
 from decoding import ParameterError
 from server.auth import require_api_key
 from server.routes import engine_of, served_model
+from server.streaming import until_disconnect
 from server.watermark_protocol import WatermarkDetectRequest, server_watermark
 
 watermark_router = APIRouter(dependencies=[Depends(require_api_key)])
+_SCORER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-watermark")
 
 
 @watermark_router.post("/v1/watermark/detect")
@@ -40,6 +48,7 @@ async def detect(body: WatermarkDetectRequest, request: Request) -> dict:
     param = "text" if body.text is not None else "token_ids"
     facts = client.facts
     if body.text is not None:
+        client.check_text_size([body.text], "text")  # before the tokenizer runs
         ids = await client.tokenize(body.text, add_special_tokens=False)
     else:
         ids = list(body.token_ids or [])
@@ -52,11 +61,21 @@ async def detect(body: WatermarkDetectRequest, request: Request) -> dict:
                              "are scored", param=param, code="too_long")  # fmt: skip
     from decoding.sampling.watermark import detect_watermark  # torch is imported only here
 
-    result = await asyncio.to_thread(
-        detect_watermark, ids, config, facts.vocab_size, bos_token_id=facts.bos_token_id,
-        z_threshold=body.z_threshold, ignore_repeated_ngrams=body.ignore_repeated_ngrams, param=param,
-    )  # fmt: skip
+    score = partial(detect_watermark, ids, config, facts.vocab_size, bos_token_id=facts.bos_token_id,
+                    z_threshold=body.z_threshold, ignore_repeated_ngrams=body.ignore_repeated_ngrams,
+                    param=param)  # fmt: skip
+    result = await until_disconnect(request, _score_off_loop(score))
     return {"object": "watermark.detection", **asdict(result)}
+
+
+async def _score_off_loop(score: partial) -> object:
+    """Run ``score`` on the scoring thread; if this task is cancelled (the client left), the thread
+    stops at its next n-gram instead of finishing work nobody reads."""
+    stop = threading.Event()
+    try:
+        return await asyncio.get_running_loop().run_in_executor(_SCORER, partial(score, cancelled=stop.is_set))
+    finally:
+        stop.set()
 
 
 __all__ = ["watermark_router"]

@@ -29,6 +29,7 @@ class RowSamplingState:
         self.params = params
         self.device = torch.device(device)
         self.alone: object | None = None  # SamplingBatch.for_row's batch of this row alone, built on first use
+        self.watermark_table: torch.Tensor | None = None  # selfhash's fixed table, held for the row's life
         self.eos_token_ids = list(eos_token_ids)
         self.vocab_size = vocab_size
         self.generator = generator

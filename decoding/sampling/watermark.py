@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -37,12 +37,18 @@ _U64 = 2**64
 
 
 # ---- seeds (HF WatermarkLogitsProcessor.set_seed) --------------------------------------------------------
-@lru_cache(maxsize=4)
-def _fixed_table(hashing_key: int) -> torch.Tensor:
-    """HF's ``fixed_table``: a permutation of 1_000_003 drawn once from the hashing key."""
+@lru_cache(maxsize=16)
+def fixed_table(hashing_key: int, vocab_size: int) -> torch.Tensor:
+    """HF's selfhash ``fixed_table`` (a permutation of 1_000_003 drawn once from the hashing key), cut
+    to the entries token ids can reach (``t % 1_000_003`` for ``t < vocab_size``).
+
+    Held by each watermarked row and each detection call for its whole life, so requests rotating
+    through many hashing keys cost one draw per request, never one per step or per seed; the cache
+    only shares the draw between requests that use the same key."""
     generator = torch.Generator(device=CPU)
     generator.manual_seed(hashing_key)
-    return torch.randperm(TABLE_SIZE, generator=generator, device=CPU)  # [TABLE_SIZE]
+    table = torch.randperm(TABLE_SIZE, generator=generator, device=CPU)  # [TABLE_SIZE]
+    return table[: min(vocab_size, TABLE_SIZE)].clone()
 
 
 def _int64(value: int) -> int:
@@ -51,17 +57,32 @@ def _int64(value: int) -> int:
     return value - _U64 if value >= 2**63 else value
 
 
-def _seed(config: WatermarkingConfig, window: Sequence[int]) -> int:
+def _seed(config: WatermarkingConfig, window: Sequence[int], table: torch.Tensor | None = None) -> int:
     """The generator seed of the green list for ``window`` (the tokens HF's ``set_seed`` sees:
-    lefthash, the previous token(s); selfhash, the previous ``context_width - 1`` and the candidate)."""
+    lefthash, the previous token(s); selfhash, the previous ``context_width - 1`` and the candidate);
+    ``table``: ``fixed_table(config.hashing_key, vocab)`` (selfhash only)."""
     window = window[-config.context_width :]
     if config.seeding_scheme == "selfhash":
-        table = _fixed_table(config.hashing_key)
-        b = int(table[window[-1] % TABLE_SIZE]) + 1
-        seed = min(_int64(config.hashing_key * (int(table[t % TABLE_SIZE]) + 1) * b) for t in window)
-    else:
-        seed = config.hashing_key * window[-1]
-    return seed % (_U64 - 1)
+        return int(_selfhash_seeds(config, list(window[:-1]), [window[-1]], table)[0])
+    return (config.hashing_key * window[-1]) % (_U64 - 1)
+
+
+def _selfhash_seeds(
+    config: WatermarkingConfig, context: list[int], candidates: list[int], table: torch.Tensor
+) -> list[int]:
+    """Selfhash seeds of ``context + [c]`` for every candidate ``c`` at once: HF's int64 products
+    (which wrap) ``key * (table[t] + 1) * (table[c] + 1)`` over the window, their minimum, mod 2**64 - 1;
+    one tensor op however wide the context is."""
+    size = table.shape[0]
+    tokens = torch.tensor(context, dtype=torch.long, device=CPU) % TABLE_SIZE  # [width - 1]
+    chosen = torch.tensor(candidates, dtype=torch.long, device=CPU) % TABLE_SIZE  # [num_candidates]
+    if size < TABLE_SIZE:  # ids beyond the cut table cannot occur: they are token ids below vocab_size
+        tokens, chosen = tokens.clamp(max=size - 1), chosen.clamp(max=size - 1)
+    b = table[chosen] + 1  # [num_candidates]
+    key = torch.tensor(_int64(config.hashing_key), dtype=torch.long, device=CPU)
+    window = torch.cat([table[tokens].expand(len(candidates), -1), table[chosen][:, None]], dim=1) + 1
+    products = key * window * b[:, None]  # [num_candidates, width], int64 wrapping as HF's
+    return [int(v) % (_U64 - 1) for v in products.min(dim=1).values.tolist()]
 
 
 def greenlist_size(config: WatermarkingConfig, vocab_size: int) -> int:
@@ -84,10 +105,14 @@ def _is_green(seed: int, vocab_size: int, size: int, token: int) -> bool:
     return bool(_green_mask(seed, vocab_size, size)[token])
 
 
-def is_green(config: WatermarkingConfig, vocab_size: int, window: Sequence[int]) -> bool:
+def is_green(
+    config: WatermarkingConfig, vocab_size: int, window: Sequence[int], table: torch.Tensor | None = None
+) -> bool:
     """Whether ``window[-1]`` is green: seeded by the tokens before it (lefthash) or by the window
     itself (selfhash), as HF's detector scores an n-gram."""
-    seed = _seed(config, window if config.seeding_scheme == "selfhash" else window[:-1])
+    if config.seeding_scheme == "selfhash" and table is None:
+        table = fixed_table(config.hashing_key, vocab_size)
+    seed = _seed(config, window if config.seeding_scheme == "selfhash" else window[:-1], table)
     return _is_green(seed, vocab_size, greenlist_size(config, vocab_size), window[-1])
 
 
@@ -113,7 +138,7 @@ class WatermarkProcessor:
             if len(history) < config.context_width:  # HF skips seeding until the context is long enough
                 continue
             picked.append(i)
-            masks.append(self._green(config, history, scores[i]))
+            masks.append(self._green(state, scores[i]))
             biases.append(config.bias)
         if not picked:
             return scores
@@ -126,23 +151,32 @@ class WatermarkProcessor:
         scores[index] = torch.where(mask, rows + bias, rows)
         return scores
 
-    def _green(self, config: WatermarkingConfig, history: list[int], row_scores: torch.Tensor) -> torch.Tensor:
+    def _green(self, state: RowSamplingState, row_scores: torch.Tensor) -> torch.Tensor:
         """``[vocab_size]`` bool mask of the ids this row's bias goes to."""
+        config, history = state.params.watermarking_config, state.history
         size = greenlist_size(config, self.vocab_size)
         if config.seeding_scheme == "lefthash":
             return _green_mask(_seed(config, history), self.vocab_size, size)
         # selfhash (HF ``_score_rejection_sampling``): of the 40 best candidates, those green in the
-        # list their own id seeds
+        # list their own id seeds, with the previous context_width - 1 tokens
         _, order = row_scores.sort(dim=-1, descending=True)
-        context = history[-config.context_width :]  # ``_seed`` keeps the last context_width with the candidate
+        candidates = order[:SELFHASH_CANDIDATES].tolist()
+        context = history[len(history) - (config.context_width - 1) :] if config.context_width > 1 else []
+        if state.watermark_table is None:  # drawn once for the row's life (see fixed_table)
+            state.watermark_table = fixed_table(config.hashing_key, self.vocab_size)
         mask = torch.zeros(self.vocab_size, dtype=torch.bool, device=CPU)
-        for token in order[:SELFHASH_CANDIDATES].tolist():
-            if _is_green(_seed(config, [*context, token]), self.vocab_size, size, token):
+        for token, seed in zip(candidates, _selfhash_seeds(config, context, candidates, state.watermark_table),
+                               strict=True):  # fmt: skip
+            if _is_green(seed, self.vocab_size, size, token):
                 mask[token] = True
         return mask
 
 
 # ---- the detector ----------------------------------------------------------------------------------------
+class DetectionCancelled(Exception):
+    """The caller no longer wants the score (its client left)."""
+
+
 @dataclass(frozen=True)
 class WatermarkDetection:
     """HF's ``WatermarkDetectorOutput`` for one sequence (its ``confidence`` is ``1 - p_value``)."""
@@ -169,11 +203,14 @@ def detect_watermark(
     z_threshold: float = 3.0,
     ignore_repeated_ngrams: bool = False,
     param: str = "token_ids",
+    cancelled: Callable[[], bool] | None = None,
 ) -> WatermarkDetection:
     """HF's ``WatermarkDetector.__call__(..., return_dict=True)`` on one sequence.
 
-    A leading BOS is dropped, as HF does. Too few tokens is a ``ParameterError`` on ``param`` that
-    says how many are needed. ``vocab_size`` is the model's (the logits' width), as generation used.
+    ``cancelled`` is asked between n-grams (each may cost a permutation of the vocabulary): when it
+    says yes, ``DetectionCancelled`` ends the scoring. A leading BOS is dropped, as HF does. Too few
+    tokens is a ``ParameterError`` on ``param`` that says how many are needed. ``vocab_size`` is the
+    model's (the logits' width), as generation used.
     """
     ids = [int(t) for t in token_ids]
     if ids and bos_token_id is not None and ids[0] == bos_token_id:
@@ -189,7 +226,12 @@ def detect_watermark(
         )
     width = config.context_width + (0 if config.seeding_scheme == "selfhash" else 1)  # HF's n-gram length
     frequencies = Counter(tuple(ids[i : i + width]) for i in range(len(ids) - width + 1))
-    green = {ngram: is_green(config, vocab_size, ngram) for ngram in frequencies}
+    table = fixed_table(config.hashing_key, vocab_size) if config.seeding_scheme == "selfhash" else None
+    green = {}
+    for count, ngram in enumerate(frequencies):  # each may draw a fresh permutation: check the caller often
+        if cancelled is not None and count % 32 == 0 and cancelled():
+            raise DetectionCancelled
+        green[ngram] = is_green(config, vocab_size, ngram, table)
     if ignore_repeated_ngrams:  # each distinct n-gram counted once
         scored, num_green = len(frequencies), sum(green.values())
     else:
