@@ -21,7 +21,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from decoding import EngineClient
 from decoding.params.watermarking import WatermarkingConfig
 from server.access_log import AccessLog
-from server.auth import ProtectMetrics, key_digests
+from server.auth import ProtectPaths, key_digests, protected_paths
 from server.custom_routes import custom_router
 from server.errors import install_error_handlers
 from server.limits import RequestLimits
@@ -83,8 +83,9 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     if settings.playground:  # the page at / (server/static/); --no-playground serves the API only
         app.include_router(playground_router())
     # add_middleware wraps what is there: the last added is the outermost
-    if settings.protect_metrics:
-        app.add_middleware(ProtectMetrics, digests=app.state.api_key_digests)
+    if app.state.api_key_digests:
+        app.add_middleware(ProtectPaths, digests=app.state.api_key_digests,
+                           paths=protected_paths(settings.protect_metrics, settings.public_docs))  # fmt: skip
     app.add_middleware(RequestLimits, max_request_bytes=settings.max_request_bytes,
                        max_concurrency_per_key=settings.max_concurrency_per_key,
                        keyed=bool(app.state.api_key_digests))  # fmt: skip

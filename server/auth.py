@@ -4,7 +4,9 @@ Keys come from ``Settings.api_keys()`` (``--api-key``, repeatable; ``DECODA_API_
 comma-separated; ``--api-keys-file``), read once when the app is built. The check compares the
 token against every key in constant time (SHA-256 digests through ``hmac.compare_digest``, with no
 early exit), so neither which key matched nor a key's length leaks through timing. ``/health`` and
-``/ready`` are always open; ``/metrics`` needs a key only with ``--protect-metrics``.
+``/ready`` are always open; ``/metrics`` needs a key only with ``--protect-metrics``; the API's
+description (``/docs``, ``/redoc``, ``/openapi.json``: every knob, model name and limit) needs one
+unless ``--public-docs`` (the playground sends its key when it reads ``/openapi.json``).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from server.errors import APIError
 
 METRICS_PATH = "/metrics"
+DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})
 
 
 def _digest(value: bytes) -> bytes:
@@ -53,17 +56,26 @@ async def require_api_key(request: Request) -> None:
         raise unauthorized()
 
 
-class ProtectMetrics:
-    """Pure ASGI guard: ``GET /metrics`` needs one of the keys (used with ``--protect-metrics``)."""
+class ProtectPaths:
+    """Pure ASGI guard: these paths need one of the keys (``/metrics`` with ``--protect-metrics``,
+    the API description without ``--public-docs``)."""
 
-    def __init__(self, app: ASGIApp, digests: list[bytes]) -> None:
+    def __init__(self, app: ASGIApp, digests: list[bytes], paths: frozenset[str]) -> None:
         self.app = app
         self.digests = digests
+        self.paths = paths
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] == METRICS_PATH and self.digests:
+        if scope["type"] == "http" and scope["path"] in self.paths and self.digests:
             authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
             if not token_matches(authorization, self.digests):
                 await unauthorized().response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+def protected_paths(protect_metrics: bool, public_docs: bool) -> frozenset[str]:
+    """The open paths that need a key when the server has keys."""
+    return (frozenset({METRICS_PATH}) if protect_metrics else frozenset()) | (
+        frozenset() if public_docs else DOCS_PATHS
+    )

@@ -5,7 +5,11 @@ that an oversized body is refused from its ``Content-Length`` before any of it i
 sent without a length (chunked) is counted as it arrives; the read that crosses the limit raises
 a ``HTTPException`` subclass, which FastAPI passes through its body parser to the error handler.
 
-The concurrency limit counts what one caller has open on ``/v1/*`` (streams until they end). With
+The concurrency limit counts what one caller has open on ``/v1/*`` (streams until they end), in
+engine rows: an HTTP request holds one as it arrives, and a generation request grows its hold to
+the rows it will run (prompts × ``n``, or × ``num_beams`` for beam search, × 2 with guidance's
+unconditional twin) before it reaches the engine, so one request with 128 prompts × ``n`` 64
+cannot take what the limit gives a whole caller (``CallerHold.grow``). With
 API keys configured a caller is its key; without, a bearer token proves nothing (anyone may send
 a fresh one per request and so escape any limit), so a caller is its client address: behind a
 proxy that is the proxy, and the limit acts as a cap for everything it forwards. Excess requests
@@ -52,6 +56,50 @@ def caller_key(scope: Scope, keyed: bool = True) -> str:
     return hashlib.sha256(token.strip().encode("latin-1", errors="replace")).hexdigest()
 
 
+class CallerHold:
+    """What one HTTP request holds of its caller's limit; the route grows it to the request's rows."""
+
+    def __init__(self, open_: Counter[str], key: str, limit: int) -> None:
+        self.open, self.key, self.limit = open_, key, limit
+        self.held = 0
+
+    def take(self, amount: int) -> None:
+        self.open[self.key] += amount
+        self.held += amount
+
+    def grow(self, total: int, param: str) -> None:
+        """Hold ``total`` rows in all, or refuse: 400 if no caller could ever run that many, 429 if
+        this caller's other requests hold the rest."""
+        extra = total - self.held
+        if not self.limit or extra <= 0:
+            return
+        if total > self.limit:
+            raise APIError(400, f"this request runs {total} engine rows (prompts x n, or x num_beams); at most "
+                           f"{self.limit} per caller (--max-concurrency-per-key)", param=param,
+                           code="concurrency_limit")  # fmt: skip
+        if self.open[self.key] + extra > self.limit:
+            raise over_limit(self.limit, f"this request needs {total} engine rows and this caller holds "
+                             f"{self.open[self.key]}")  # fmt: skip
+        self.take(extra)
+
+    def release(self) -> None:
+        self.open[self.key] -= self.held
+        if self.open[self.key] <= 0:
+            del self.open[self.key]
+
+
+def over_limit(limit: int, detail: str = "") -> APIError:
+    return APIError(429, f"too many concurrent requests for this caller (limit {limit} engine rows, "
+                    f"--max-concurrency-per-key){'; ' + detail if detail else ''}; retry when one ends",
+                    type_="rate_limit_error", code="concurrency_limit",
+                    headers={"Retry-After": RETRY_CONCURRENCY})  # fmt: skip
+
+
+def caller_hold(scope_state: dict) -> CallerHold | None:
+    """The hold the limits middleware put on this request (None when it did not run)."""
+    return scope_state.get("caller_hold")
+
+
 class RequestLimits:
     """413 for bodies over ``max_request_bytes``; 429 past ``max_concurrency_per_key`` (0: no limit)."""
 
@@ -74,11 +122,7 @@ class RequestLimits:
             return
         key = caller_key(scope, self.keyed)
         if self.max_concurrency_per_key and self.open[key] >= self.max_concurrency_per_key:
-            error = APIError(429, f"too many concurrent requests for this API key (limit "
-                             f"{self.max_concurrency_per_key}, --max-concurrency-per-key); retry when one ends",
-                             type_="rate_limit_error", code="concurrency_limit",
-                             headers={"Retry-After": RETRY_CONCURRENCY})  # fmt: skip
-            await error.response()(scope, receive, send)
+            await over_limit(self.max_concurrency_per_key).response()(scope, receive, send)
             return
         received = 0
 
@@ -91,10 +135,10 @@ class RequestLimits:
                     raise RequestTooLarge(limit)
             return message
 
-        self.open[key] += 1
+        hold = CallerHold(self.open, key, self.max_concurrency_per_key)
+        hold.take(1)
+        scope.setdefault("state", {})["caller_hold"] = hold
         try:
             await self.app(scope, counted_receive, send)
         finally:
-            self.open[key] -= 1
-            if not self.open[key]:
-                del self.open[key]
+            hold.release()

@@ -17,9 +17,11 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from decoding import EngineClient, GenerationParams, RequestOutput
+from decoding.params import guidance_active
 from server.auth import require_api_key
 from server.errors import APIError, unavailable
 from server.guidance import with_negative_prompt_ids
+from server.limits import caller_hold
 from server.presets import presets_of
 from server.responses import ChatFormat, CompletionFormat, now
 from server.schemas import ChatCompletionRequest, CompletionRequest
@@ -61,10 +63,26 @@ async def submit(
     return streams
 
 
+def engine_rows(params: GenerationParams) -> int:
+    """Rows one prompt runs in the engine: its beams, else its ``n`` sequences; twice with guidance."""
+    rows = params.num_beams if params.num_beams > 1 else params.n
+    return rows * (2 if guidance_active(params) else 1)
+
+
+def _widest_field(params: GenerationParams, num_prompts: int) -> str:
+    """The field to name when a request runs too many rows."""
+    if params.num_beams > 1:
+        return "num_beams"
+    return "n" if params.n > 1 or num_prompts == 1 else "prompt"
+
+
 async def respond(
     request: Request, client: EngineClient, fmt: CompletionFormat | ChatFormat, prompts: list[list[int]],
     params: GenerationParams, stream: bool,
 ) -> Response:  # fmt: skip
+    hold = caller_hold(request.scope.get("state", {}))
+    if hold is not None:  # the caller's limit counts the rows this request will run
+        hold.grow(len(prompts) * engine_rows(params), _widest_field(params, len(prompts)))
     streams = await submit(client, fmt.request_id, prompts, params)
     if stream:
         return EventSourceResponse(sse_events(streams, fmt), ping=15)

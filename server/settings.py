@@ -85,13 +85,18 @@ class Settings:
     protect_metrics: bool = field(
         default=False, metadata={"help": "require an API key on /metrics too (/health and /ready stay open)"}
     )
+    public_docs: bool = field(
+        default=False,
+        metadata={"help": "with API keys, keep /docs, /redoc and /openapi.json open (they need a key otherwise)"},
+    )
     drain_timeout: float = field(default=30.0, metadata={"help": "seconds to finish in-flight requests on SIGTERM"})
     max_request_bytes: int = field(
         default=4 * 1024 * 1024, metadata={"help": "larger /v1/* request bodies get 413 (0: no limit)"}
     )
     max_concurrency_per_key: int = field(
         default=0,
-        metadata={"help": "open /v1/* requests per API key (per client address without keys); more get 429 (0: off)"},
+        metadata={"help": "engine rows (prompts x n, or x num_beams) open per API key (per client address "
+                          "without keys); more get 429 (0: off)"},
     )
     playground: bool = field(
         default=True, metadata={"help": "serve the playground page at / (--no-playground: the API only)"}
