@@ -69,6 +69,10 @@ class EngineClient(ABC):
     def is_ready(self) -> bool:
         """Model loaded, worker running and admitting requests (False while draining)."""
 
+    def stuck(self) -> str | None:
+        """Why the worker is alive but blocked (a custom method that does not stop), or None."""
+        return None
+
     @abstractmethod
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 

@@ -152,10 +152,13 @@ async def models(request: Request) -> dict:
 
 @router.get("/health")
 async def health(request: Request) -> Response:
-    """Liveness: red once the worker thread is gone, so an orchestrator restarts the replica."""
+    """Liveness: red once the worker thread is gone or blocked, so an orchestrator restarts the replica."""
     client = getattr(request.app.state, "engine", None)
     if client is not None and not client.is_alive():
         return JSONResponse({"status": "worker stopped"}, status_code=503)
+    stuck = client.stuck() if client is not None else None
+    if stuck:
+        return JSONResponse({"status": "worker blocked", "reason": stuck}, status_code=503)
     return JSONResponse({"status": "ok"})
 
 

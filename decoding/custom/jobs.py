@@ -12,7 +12,10 @@ method is handed are ``decoding.custom.hf_bridge``.
 The job talks to the method through HF's interfaces: a ``BaseStreamer`` whose ``put()``/``end()``
 turn tokens into the same ``RequestOutput`` deltas every request streams, and a
 ``StoppingCriteria`` that fires when the client disconnects or a time limit passes. A method that
-ignores its stopping criteria is stopped anyway: a forward pre-hook raises at its next model call.
+ignores its stopping criteria is stopped anyway: a forward pre-hook raises at its next model call;
+one that never calls the model is interrupted by the watchdog (``decoding.custom.deadline``) past
+its deadline (``--request-timeout``, ``max_time``, or ``DEFAULT_DEADLINE`` when neither is set),
+and ``/health`` turns red when even that cannot stop it.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from collections.abc import Callable
 import torch
 from transformers import StoppingCriteriaList
 
+from decoding.custom.deadline import DeadlineExceeded, Watchdog
 from decoding.custom.hf_bridge import (
     CustomJob,
     Interrupted,
@@ -45,6 +49,7 @@ from decoding.telemetry import EngineObserver
 logger = logging.getLogger(__name__)
 
 STRATEGY = "custom"  # the strategy label of metrics
+DEFAULT_DEADLINE = 600.0  # seconds a job may run when neither --request-timeout nor max_time bounds it
 
 
 class CustomJobs:
@@ -75,6 +80,7 @@ class CustomJobs:
         self._lock = threading.Lock()
         self.running: CustomJob | None = None
         self.stopping = False  # the worker is stopping (drain deadline passed): the running job ends now
+        self.watchdog = Watchdog()
 
     # ---- from the engine (worker thread) ------------------------------------------------------------
     def add(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
@@ -147,11 +153,19 @@ class CustomJobs:
         config = generation_config_for(job.params, self.eos_token_ids, pad)
         input_ids = torch.tensor([job.prompt_ids], dtype=torch.long, device=self.device)
         result: object = None
+        deadline = self._deadline(job, started) or started + DEFAULT_DEADLINE
+        label = f"custom_generate '{method.info.name}' (request {job.request_id})"
         try:
-            with sdpa(self.model), seeded(job.params.seed, self.device), interruptible(self.model, stopping):
+            with self.watchdog.watch(label, deadline), sdpa(self.model), seeded(job.params.seed, self.device), \
+                    interruptible(self.model, stopping):
                 result = method.function(model=self.model, input_ids=input_ids, generation_config=config, **kwargs)
         except Interrupted:
             result = None
+        except DeadlineExceeded:
+            logger.error("%s ran past its deadline without stopping; interrupted", label)
+            self._end(job, f"{label} ran past its deadline ({deadline - started:.0f} s) without stopping or calling "
+                      "the model; it was interrupted", "internal")  # fmt: skip
+            return
         except (ValueError, TypeError) as exc:  # the method refused the request's arguments: the request's fault
             logger.warning("custom_generate %s failed for %s: %s", method.info.name, job.request_id, exc)
             self._end(job, f"custom_generate '{method.info.name}' failed: {exc}", "invalid_request")

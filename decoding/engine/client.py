@@ -110,6 +110,10 @@ class WorkerEngineClient(EngineClient):
     def is_ready(self) -> bool:
         return self.worker.alive and not self._draining
 
+    def stuck(self) -> str | None:
+        custom = getattr(self.worker.engine, "custom", None)
+        return custom.watchdog.stuck if custom is not None else None
+
     # ---- text, on the tokenizer thread ----------------------------------------------------------------
     async def _off_loop(self, work: Callable[[], T]) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._text_thread, work)
