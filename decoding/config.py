@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 class EngineConfig:
     model: str = "smollm2-135m-instruct"  # short name, local HF folder, .gguf file, or hub id
     served_model_name: str | None = None  # defaults to the short name / folder or file name
-    dtype: str = "float32"  # float32 | bfloat16 | float16
+    dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (decoding/model/dtype_choice.py)
     quantization: str = "none"  # none | gguf | int8 | int4 (decoding/quantization)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model's forward

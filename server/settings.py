@@ -32,7 +32,11 @@ class Settings:
     host: str = field(default="127.0.0.1", metadata={"help": "interface to bind"})
     port: int = field(default=8000, metadata={"help": "TCP port"})
     served_model_name: str | None = field(default=None, metadata={"help": "name in /v1/models (default: short name)"})
-    dtype: str = field(default="float32", metadata={"help": "float32 | bfloat16 | float16"})
+    dtype: str = field(
+        default="float32",
+        metadata={"help": "float32 | bfloat16 | float16 | auto (bfloat16 where the CPU has native bf16 dot "
+                          "products: avx512_bf16 or amx; float32 elsewhere)"},
+    )
     quantization: str = field(
         default="none",
         metadata={"help": "none | gguf (a GGUF model's own blocks) | int8 | int4 (weight-only, made at load)"},

@@ -11,6 +11,7 @@ spinning between parallel regions and puts its threads to sleep. Measured on thi
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +30,7 @@ from decoding.kv.memory import kv_cache_bytes
 from decoding.kv.paged_attention import native_available
 from decoding.model.attention import register_attention
 from decoding.model.compile import compile_layers
+from decoding.model.dtype_choice import resolve_dtype
 from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
 from decoding.params.model_checks import ModelFacts
@@ -101,6 +103,9 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     """Load the model (and assistants) and build the engine; call it on the thread that will step it."""
     if config.num_threads:
         torch.set_num_threads(config.num_threads)
+    dtype, why = resolve_dtype(config.dtype, config.device)
+    logger.info("dtype %s (%s)", dtype, why)
+    config = dataclasses.replace(config, dtype=dtype)  # assistants and reports see the concrete dtype
     device = torch.device(config.device)
     preflight(config.custom_generate, config.trust_remote_code)  # before the (slow) model load
     loaded = load_model(
