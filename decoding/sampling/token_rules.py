@@ -21,7 +21,7 @@ import torch
 
 from decoding.params import GenerationParams
 
-_CACHE_SIZE = 64
+_CACHE_SIZE = 8  # rows of one request are built together; a request's rows hold theirs after
 
 
 class _Node:
