@@ -21,13 +21,11 @@ import asyncio
 import json
 import random
 import statistics
-import subprocess
-import sys
 import threading
 
 import httpx
 
-from loadtests.compare import ROOT, free_port, wait_ready
+from loadtests.compare import local_decoda
 from loadtests.loadgen import build_parser as loadgen_parser
 from loadtests.loadgen import run_load
 
@@ -66,6 +64,26 @@ def keep_sending(url: str, body: dict, stop: threading.Event, errors: list[str])
                 return
 
 
+def _load(url: str, mode: str, body: dict, args: argparse.Namespace) -> float:
+    """The clients' output tok/s, alone or with the hostile request sent again and again beside them."""
+    stop, errors = threading.Event(), []
+    sender = None
+    if mode != "alone":
+        sender = threading.Thread(target=keep_sending, args=(url, body, stop, errors), daemon=True)
+        sender.start()
+    load = loadgen_parser().parse_args(
+        ["--url", url, "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
+         "--requests", str(args.concurrency * args.requests_per_client), "--ignore-eos"]
+    )  # fmt: skip
+    summary = asyncio.run(run_load(load))
+    stop.set()
+    if sender is not None:
+        sender.join(600)
+    if summary["errors"] or errors:
+        raise SystemExit(f"{mode}: {summary.get('first_error') or errors[0]}")
+    return summary["output_tok_s"]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -74,41 +92,17 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--hostile-n", type=int, default=4, help="rows of the hostile request")
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-num-seqs",
-               str(args.concurrency + args.hostile_n), "--max-model-len", "1024"]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
     body = hostile_body(args.hostile_n, args.max_tokens)
     print(f"hostile body: {len(json.dumps(body)) / 1e6:.2f} MB, n={args.hostile_n}", flush=True)
     results: dict[str, list[float]] = {"alone": [], "beside hostile": []}
-    try:
-        problem = wait_ready(url, proc, 300)
-        if problem:
-            raise SystemExit(f"server: {problem}")
+    with local_decoda(["--max-num-seqs", str(args.concurrency + args.hostile_n), "--max-model-len", "1024"]) as (
+        url, _
+    ):
         for round_ in range(args.rounds):
             order = list(results) if round_ % 2 == 0 else list(results)[::-1]
             for mode in order:
-                stop, errors = threading.Event(), []
-                sender = None
-                if mode != "alone":
-                    sender = threading.Thread(target=keep_sending, args=(url, body, stop, errors), daemon=True)
-                    sender.start()
-                load = loadgen_parser().parse_args(
-                    ["--url", url, "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
-                     "--requests", str(args.concurrency * args.requests_per_client), "--ignore-eos"]
-                )  # fmt: skip
-                summary = asyncio.run(run_load(load))
-                stop.set()
-                if sender is not None:
-                    sender.join(600)
-                if summary["errors"] or errors:
-                    raise SystemExit(f"{mode}: {summary.get('first_error') or errors[0]}")
-                results[mode].append(summary["output_tok_s"])
-                print(f"round {round_ + 1} {mode}: {summary['output_tok_s']:.1f} tok/s", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(30)
+                results[mode].append(_load(url, mode, body, args))
+                print(f"round {round_ + 1} {mode}: {results[mode][-1]:.1f} tok/s", flush=True)
     ratios = [h / a for h, a in zip(results["beside hostile"], results["alone"], strict=True)]
     print(f"\n| clients | alone tok/s | beside a hostile request tok/s | ratio (per round) |\n|---:|---:|---:|---:|\n"
           f"| {args.concurrency} | {statistics.median(results['alone']):.1f} | "

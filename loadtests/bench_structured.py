@@ -16,14 +16,12 @@ import asyncio
 import json
 import re
 import statistics
-import subprocess
-import sys
 import time
 import uuid
 
 import httpx
 
-from loadtests.compare import ROOT, free_port, wait_ready
+from loadtests.compare import local_decoda
 from loadtests.loadgen import build_parser as loadgen_parser
 from loadtests.loadgen import run_load
 
@@ -63,15 +61,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-num-seqs", str(max(levels)),
-               "--max-model-len", "1024"]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        problem = wait_ready(url, proc, 300)
-        if problem:
-            raise SystemExit(f"server: {problem}")
+    flags = ["--max-num-seqs", str(max(levels)), "--max-model-len", "1024"]
+    with local_decoda(flags) as (url, _):
         request_seconds(url, {"type": "object"})  # builds the grammar tokenizer once (~0.4 s), not measured
         before, _ = compile_seconds(url)
         fresh = {**SCHEMA, "title": f"bench-{uuid.uuid4().hex[:8]}"}  # a schema the cache has not seen
@@ -96,9 +87,6 @@ def main() -> None:
                     rows.setdefault((mode, concurrency), []).append(summary["output_tok_s"])
                     tokens.setdefault((mode, concurrency), []).append(summary["tokens_per_request"])
                     print(f"round {round_ + 1} {mode} c={concurrency}: {summary['output_tok_s']:.1f} tok/s", flush=True)
-    finally:
-        proc.terminate()
-        proc.wait(30)
     print(f"\nschema compile: {compiled * 1000:.1f} ms (server's histogram); first request {first * 1000:.0f} ms, "
           f"same schema again {cached * 1000:.0f} ms (1 token each)")  # fmt: skip
     print("\n| concurrency | free tok/s | json_schema tok/s | ratio (per round) | tokens/req free / json |")

@@ -39,6 +39,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -181,6 +183,23 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
                 pass
         time.sleep(0.5)
     return f"not ready after {timeout:.0f} s"
+
+
+@contextmanager
+def local_decoda(flags: list[str], timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A Decoda server of this checkout on a free port, ready, stopped on exit: ``(url, process)``."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    try:
+        problem = wait_ready(url, proc, timeout)
+        if problem:
+            raise SystemExit(f"server: {problem}")
+        yield url, proc
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 def measure(

@@ -16,8 +16,6 @@ import asyncio
 import json
 import random
 import re
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -25,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from loadtests.bench_hostile import hostile_body
-from loadtests.compare import ROOT, free_port, wait_ready
+from loadtests.compare import local_decoda
 
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.",
            "List three facts about the moon.", "def fibonacci(n):", "The capital of France is"]  # fmt: skip
@@ -138,15 +136,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--interval", type=float, default=60)
     args = parser.parse_args()
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-num-seqs", "64",
-               "--max-model-len", "1024"]  # fmt: skip
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    try:
-        problem = wait_ready(url, proc, 300)
-        if problem:
-            raise SystemExit(f"server: {problem}")
+    flags = ["--max-num-seqs", "64", "--max-model-len", "1024"]
+    with local_decoda(flags) as (url, proc):
         tally, rss_series = asyncio.run(soak(url, proc.pid, args))
         for _ in range(60):  # idle: every request ended, the gauges at rest
             metrics = httpx.get(f"{url}/metrics", timeout=10).text
@@ -155,9 +146,6 @@ def main() -> None:
             time.sleep(1)
         held = gauge(metrics, "decoda_kv_cache_usage_perc")
         health = httpx.get(f"{url}/health", timeout=10).status_code
-    finally:
-        proc.terminate()
-        proc.wait(30)
     third = max(1, len(rss_series) // 3)
     early, late = sum(rss_series[:third]) / third, sum(rss_series[-third:]) / third
     print(f"\nresident memory: first third {early:.0f} MB, last third {late:.0f} MB ({late / early:.2f}x)")
