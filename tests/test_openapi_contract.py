@@ -31,10 +31,10 @@ KEY = "contract-key"
 GENERATION = ("/v1/completions", "/v1/chat/completions")
 
 
-def openapi(**settings: object) -> dict:
+def openapi(headers: dict | None = None, **settings: object) -> dict:
     async def go() -> dict:
         async with client_for(FakeEngineClient(), **settings) as http:
-            return (await http.get("/openapi.json")).json()
+            return (await http.get("/openapi.json", headers=headers)).json()
 
     return run(go())
 
@@ -80,7 +80,7 @@ def test_ranges_names_and_limits_are_the_served_models():
 
 
 def test_a_keyed_server_declares_bearer_auth_on_the_api_only():
-    doc = openapi(api_key="k1")
+    doc = openapi({"Authorization": "Bearer k1"}, api_key="k1")  # behind the key itself (no --public-docs)
     assert doc["components"]["securitySchemes"] == {"bearer": {"type": "http", "scheme": "bearer"}}
     assert doc["paths"]["/v1/completions"]["post"]["security"] == [{"bearer": []}]
     assert "security" not in doc["paths"]["/health"]["get"]
