@@ -160,7 +160,8 @@ def test_detect_is_behind_the_api_key_and_in_openapi():
     async def go() -> tuple[httpx.Response, dict]:
         async with client_for(FakeEngineClient(), api_key="k") as http:
             auth = {"Authorization": "Bearer k"}
-            return await http.post(DETECT, json=body, headers=auth), (await http.get("/openapi.json", headers=auth)).json()
+            doc = (await http.get("/openapi.json", headers=auth)).json()
+            return await http.post(DETECT, json=body, headers=auth), doc
 
     answer, doc = run(go())
     assert answer.status_code == 200
