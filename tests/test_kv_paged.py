@@ -15,6 +15,7 @@ from decoding.kv.blocks import BlockAllocator, OutOfBlocksError
 from decoding.kv.paged_attention import _gathered, grouped_attention, native_available, paged_decode
 from decoding.kv.pool import KVPool
 from decoding.params import GenerationParams
+from decoding.telemetry import EngineObserver
 from tests.engine_harness import EngineHarness, tiny_llama
 
 EOS = 2
@@ -229,6 +230,14 @@ def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared():
     assert pool.tables[1][1] != pool.tables[0][1] and pool.blocks.refs[pool.tables[0][1]] == 3
 
 
+class _CountPreemptions(EngineObserver):
+    def __init__(self) -> None:
+        self.preempted = 0
+
+    def on_preempted(self) -> None:
+        self.preempted += 1
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -236,21 +245,26 @@ def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared():
         GenerationParams(max_new_tokens=30, ignore_eos=True, do_sample=True, seed=5),
         GenerationParams(max_new_tokens=20, ignore_eos=True, num_beams=2),
         GenerationParams(max_new_tokens=30, ignore_eos=True, prompt_lookup_num_tokens=2),
+        GenerationParams(max_new_tokens=20, ignore_eos=True, do_sample=True, seed=5, n=3),
+        GenerationParams(max_new_tokens=20, ignore_eos=True, guidance_scale=1.5),
     ],
-    ids=["greedy", "sampling", "beam", "prompt_lookup"],
+    ids=["greedy", "sampling", "beam", "prompt_lookup", "n3", "guidance"],
 )
 def test_preempted_requests_resume_with_the_same_output(model, params, tok):
     prompts = [prompt(20 + 3 * i, seed=20 + i) for i in range(6)]
     roomy = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False)
     tight = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False, kv_cache_blocks=72, max_model_len=192)
+    tight.engine.scheduler.observer = counted = _CountPreemptions()
     for harness in (roomy, tight):
         for i, ids in enumerate(prompts):
             harness.add(f"r{i}", ids, params)
         harness.run()
+    assert counted.preempted > 0
     preempted = tight.engine.scheduler
     for i in range(len(prompts)):
-        assert tight.token_ids(f"r{i}") == roomy.token_ids(f"r{i}"), f"request {i}"
-        assert len(tight.token_ids(f"r{i}")) == params.max_new_tokens
+        for index in range(params.n):  # every row of an n > 1 request: swapped out and in sharing its prompt
+            assert tight.token_ids(f"r{i}", index) == roomy.token_ids(f"r{i}", index), f"request {i} row {index}"
+            assert len(tight.token_ids(f"r{i}", index)) == params.max_new_tokens
     assert preempted.pool.blocks.num_used == 0 and not preempted.preempted
     assert tight.engine.observer is not None
 
