@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from decoding.engine.worker import Worker
+from decoding.engine.worker import IDLE_RECHECK_S, Worker
 
 
 class _IdleEngine:
@@ -96,14 +96,14 @@ def test_a_step_that_changes_nothing_makes_the_worker_wait_instead_of_spinning()
     worker._inbox = _RecordingInbox()
     worker._run()
     assert engine.steps == 1  # one step that changed nothing, then a blocking wait for a command
-    assert worker._inbox.blocking_reads == [None]  # no request has a time limit: wait for a command
+    assert worker._inbox.blocking_reads == [IDLE_RECHECK_S]  # no time limit: a command, or the backstop
 
 
 def test_a_stuck_worker_wakes_for_the_next_time_limit():
     engine = _StuckEngine()
-    engine.scheduler.next_deadline = lambda: time.monotonic() + 5  # a request's --request-timeout ends it then
+    engine.scheduler.next_deadline = lambda: time.monotonic() + 0.5  # a request's --request-timeout ends it then
     worker = Worker(engine)
     worker._inbox = _RecordingInbox()
     worker._run()
     assert engine.steps == 1 and len(worker._inbox.blocking_reads) == 1
-    assert 0 < worker._inbox.blocking_reads[0] <= 5
+    assert 0 < worker._inbox.blocking_reads[0] <= 0.5

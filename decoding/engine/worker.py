@@ -38,6 +38,7 @@ Extra = TypeVar("Extra")
 UNAVAILABLE = "unavailable"  # RequestOutput.error_code: the server stopped; the HTTP layer answers 503
 STOPPED = "the server stopped before this request finished; retry it"
 CRASHED = "the engine worker stopped unexpectedly; retry the request"
+IDLE_RECHECK_S = 1.0  # the longest a worker whose work cannot move sleeps before stepping again
 
 
 @dataclass
@@ -193,11 +194,16 @@ class Worker:
             self._fail_everything(self._end_message)
 
     def _sleep_limit(self) -> float | None:
-        """How long the loop may wait for a command: forever with no work, or with work that cannot move
-        (a step that changed nothing) until the next request's time limit, when one has a limit."""
+        """How long the loop may wait for a command: forever with no work; with work that cannot move (a
+        step that changed nothing), until the next request's time limit, and at most ``IDLE_RECHECK_S``
+        (a backstop: were a step wrongly judged idle, its requests would stall a moment, never hang)."""
+        if not self.engine.has_work():
+            return None
         next_deadline = getattr(self.engine.scheduler, "next_deadline", None)
-        deadline = next_deadline() if next_deadline is not None and self.engine.has_work() else None
-        return None if deadline is None else max(0.0, deadline - time.monotonic())
+        deadline = next_deadline() if next_deadline is not None else None
+        if deadline is None:
+            return IDLE_RECHECK_S
+        return min(max(0.0, deadline - time.monotonic()), IDLE_RECHECK_S)
 
     # ---- the end of the loop -----------------------------------------------------------------------
     def _fail_everything(self, message: str) -> None:
