@@ -15,6 +15,7 @@ from decoding.kv.blocks import BlockAllocator, OutOfBlocksError
 from decoding.kv.paged_attention import _gathered, grouped_attention, native_available, paged_decode
 from decoding.kv.pool import KVPool
 from decoding.params import GenerationParams
+from decoding.telemetry import EngineObserver
 from tests.engine_harness import EngineHarness, tiny_llama
 
 EOS = 2
@@ -199,6 +200,44 @@ def test_a_beam_step_copies_no_shared_prefix(model, tok):
     assert harness.engine.pool.num_copied_blocks <= 4 * 10
 
 
+def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared():
+    pool = KVPool(num_layers=2, num_blocks=12, num_kv_heads=2, head_dim=4, max_model_len=64, dtype=torch.float32,
+                  device="cpu", num_slots=4, block_size=16)  # fmt: skip
+    for layer in pool.keys + pool.values:
+        layer.copy_(torch.randn(layer.shape))
+    pool.prepare(0, 0, 40)  # a 40-token prompt: 3 blocks, the last one partial
+    for slot in (1, 2, 3):
+        pool.copy_prefix(0, slot, 40)
+    for slot in range(4):  # each row's first token copies the shared last block (the last holder writes in it)
+        pool.prepare(slot, 40, 41)
+
+    def contents() -> list[torch.Tensor]:
+        return [torch.stack([k[pool.tables[s]] for k in pool.keys + pool.values]) for s in range(4)]
+
+    before, held = contents(), pool.blocks.num_used
+    swapped = pool.swap_out([0, 1, 2, 3])
+    assert held == 2 + 4 and swapped.num_blocks == held  # the two shared prompt blocks copied once, not 4 times
+    assert swapped.nbytes == held * pool.nbytes() // pool.blocks.num_blocks
+    assert pool.blocks.num_used == 0 and all(not table for table in pool.tables)
+    other = pool.blocks.take()  # the pool moved on meanwhile
+    pool.swap_in(swapped)
+    assert pool.blocks.num_used == held + 1 and other not in {b for table in pool.tables for b in table}
+    assert len({tuple(table[:2]) for table in pool.tables}) == 1  # shared again, by all four rows
+    assert all(pool.blocks.refs[block] == 4 for block in pool.tables[0][:2])
+    assert len({table[2] for table in pool.tables}) == 4 and all(pool.blocks.refs[t[2]] == 1 for t in pool.tables)
+    assert all(torch.equal(a, b) for a, b in zip(before, contents(), strict=True))
+    pool.prepare(1, 16, 17)  # a write into a shared block still copies it first
+    assert pool.tables[1][1] != pool.tables[0][1] and pool.blocks.refs[pool.tables[0][1]] == 3
+
+
+class _CountPreemptions(EngineObserver):
+    def __init__(self) -> None:
+        self.preempted = 0
+
+    def on_preempted(self) -> None:
+        self.preempted += 1
+
+
 @pytest.mark.parametrize(
     "params",
     [
@@ -206,21 +245,26 @@ def test_a_beam_step_copies_no_shared_prefix(model, tok):
         GenerationParams(max_new_tokens=30, ignore_eos=True, do_sample=True, seed=5),
         GenerationParams(max_new_tokens=20, ignore_eos=True, num_beams=2),
         GenerationParams(max_new_tokens=30, ignore_eos=True, prompt_lookup_num_tokens=2),
+        GenerationParams(max_new_tokens=20, ignore_eos=True, do_sample=True, seed=5, n=3),
+        GenerationParams(max_new_tokens=20, ignore_eos=True, guidance_scale=1.5),
     ],
-    ids=["greedy", "sampling", "beam", "prompt_lookup"],
+    ids=["greedy", "sampling", "beam", "prompt_lookup", "n3", "guidance"],
 )
 def test_preempted_requests_resume_with_the_same_output(model, params, tok):
     prompts = [prompt(20 + 3 * i, seed=20 + i) for i in range(6)]
     roomy = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False)
-    tight = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False, kv_cache_blocks=72)
+    tight = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False, kv_cache_blocks=72, max_model_len=192)
+    tight.engine.scheduler.observer = counted = _CountPreemptions()
     for harness in (roomy, tight):
         for i, ids in enumerate(prompts):
             harness.add(f"r{i}", ids, params)
         harness.run()
+    assert counted.preempted > 0
     preempted = tight.engine.scheduler
     for i in range(len(prompts)):
-        assert tight.token_ids(f"r{i}") == roomy.token_ids(f"r{i}"), f"request {i}"
-        assert len(tight.token_ids(f"r{i}")) == params.max_new_tokens
+        for index in range(params.n):  # every row of an n > 1 request: swapped out and in sharing its prompt
+            assert tight.token_ids(f"r{i}", index) == roomy.token_ids(f"r{i}", index), f"request {i} row {index}"
+            assert len(tight.token_ids(f"r{i}", index)) == params.max_new_tokens
     assert preempted.pool.blocks.num_used == 0 and not preempted.preempted
     assert tight.engine.observer is not None
 
@@ -235,7 +279,9 @@ def test_preemption_is_counted(model, tok):
         def on_preempted(self) -> None:
             Count.preempted += 1
 
-    harness = EngineHarness(model, tok, [EOS], block_size=4, prefix_caching=False, kv_cache_blocks=72)
+    harness = EngineHarness(
+        model, tok, [EOS], block_size=4, prefix_caching=False, kv_cache_blocks=72, max_model_len=192
+    )
     harness.engine.scheduler.observer = Observer()
     for i in range(6):
         harness.add(f"r{i}", prompt(30, seed=i), GenerationParams(max_new_tokens=30, ignore_eos=True))

@@ -106,10 +106,11 @@ class CustomJobs:
         while self.queue:
             self._end(self.queue.popleft(), error=message, code=code)
 
-    def run_next(self) -> None:
-        """Run the oldest queued job to its end (the other requests wait; they resume after it)."""
+    def run_next(self) -> bool:
+        """Run the oldest queued job to its end (the other requests wait; they resume after it); False
+        when none was queued."""
         if not self.queue:
-            return
+            return False
         job = self.queue.popleft()
         self.running = job
         try:
@@ -118,6 +119,7 @@ class CustomJobs:
             self.running = None
             with self._lock:
                 self._cancelled.discard(job.request_id)
+        return True
 
     # ---- from any thread -------------------------------------------------------------------------------
     def cancel(self, request_id: str) -> None:

@@ -128,11 +128,16 @@ class Engine:
         return self.scheduler.has_work() or self.custom.has_work()
 
     # ---- the step ------------------------------------------------------------------------------
-    def step(self) -> None:
-        self.custom.run_next()  # an exclusive custom_generate job, if one waits; the batch resumes after it
+    def step(self) -> bool:
+        """One step; False when it changed nothing (the worker then waits for a command or a deadline)."""
+        ran_custom = self.custom.run_next()  # an exclusive custom_generate job; the batch resumes after it
         now = time.monotonic()
+        num_requests = len(self.strategies)
         self._expire(now)
-        for strategy in self.scheduler.admit():
+        admitted, unfit = self.scheduler.admit()
+        for strategy, why in unfit:
+            self._fail(strategy, why)
+        for strategy in admitted:
             request = strategy.request
             request.start_time = now
             self.observer.on_admitted(strategy.name, now - request.arrival_time, len(request.prompt_ids))
@@ -140,10 +145,12 @@ class Engine:
         batch = self._make_room(self._plan())
         if batch:
             batch, logits = self._forward(batch)
-            self._sample(self._consume(batch, logits))
+            # every plain row's next token in one batched pass, then handed to its strategy
+            sample_stage.sample(self.sampler, self._consume(batch, logits), self._fail)
             self._report({id(fed.strategy): fed.strategy for fed in batch}.values())
         # after finished requests left, so the gauges never show a stale batch
         self.observer.on_step(len(batch), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
+        return bool(ran_custom or batch or admitted or len(self.strategies) != num_requests)
 
     def _expire(self, now: float) -> None:
         """Requests past a time limit end as HF's ``MaxTimeCriteria`` ends them: with what they have."""
@@ -181,8 +188,7 @@ class Engine:
     def _make_room(self, batch: list[_Fed]) -> list[_Fed]:
         """Every row of the step gets the blocks it writes; preempted requests leave the step."""
         while (too_big := self.scheduler.make_room([(f.strategy, f.row_input) for f in batch])) is not None:
-            self._fail(too_big, f"the KV cache ({self.pool.blocks.num_blocks} blocks) cannot hold this request; "
-                                "raise --kv-cache-memory")  # fmt: skip
+            self._fail(*too_big)
         running = {id(strategy) for strategy in self.scheduler.running}
         return [fed for fed in batch if id(fed.strategy) in running]
 
@@ -229,10 +235,6 @@ class Engine:
                 logger.exception("request %s failed", strategy.request.request_id)
                 self._fail(strategy, str(exc))
         return [pick for pick in picks if pick.strategy.request.error is None]
-
-    def _sample(self, picks: list[Pick]) -> None:
-        """Pick every plain row's next token in one batched pass, then hand each to its strategy."""
-        sample_stage.sample(self.sampler, picks, self._fail)
 
     # ---- streaming and the end -----------------------------------------------------------------------
     def _report(self, strategies: Iterable[DecodingStrategy]) -> None:

@@ -2,7 +2,9 @@
 
 Contrastive search scores its candidates in scratch positions after a row (at most
 ``MAX_CONTRASTIVE_TOP_K``), so every row's room is the context plus that scratch; a pool that cannot
-hold one request of the longest context is refused at start, with the flag to change.
+hold one request of the longest context is refused at start, with the flag to change. So is one that
+cannot admit it with a row per ``--max-num-seqs`` (what the scheduler's admission asks): such a
+request would otherwise wait forever.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.engine.drafting import make_assistant
+from decoding.engine.scheduler import admission_blocks
 from decoding.kv.pool import DEFAULT_BLOCK_SIZE, KVPool
 from decoding.params import MAX_CONTRASTIVE_TOP_K
 
@@ -36,10 +39,20 @@ def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.devi
         memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
         prefix_caching=limits.prefix_caching,
     )  # fmt: skip
-    if pool.blocks.num_blocks < pool.blocks_for(limits.max_model_len + scratch):
+    num_blocks = pool.blocks.num_blocks
+    if num_blocks < pool.blocks_for(limits.max_model_len + scratch):
         raise ValueError(
-            f"--kv-cache-memory holds {pool.blocks.num_blocks * pool.block_size} tokens, fewer than "
+            f"--kv-cache-memory holds {num_blocks * pool.block_size} tokens, fewer than "
             f"one request of --max-model-len {limits.max_model_len} needs; raise it or lower --max-model-len"
+        )
+    # admitting the widest request (a row per --max-num-seqs) with the longest prompt
+    needed = admission_blocks(pool.blocks_for(limits.max_model_len), limits.max_num_seqs, num_blocks)
+    if num_blocks < needed:
+        raise ValueError(
+            f"--kv-cache-memory holds {num_blocks} blocks of {pool.block_size} tokens, fewer than the {needed} that "
+            f"admitting one request of --max-model-len {limits.max_model_len} with --max-num-seqs "
+            f"{limits.max_num_seqs} rows needs (its prompt's blocks and a block per row); raise --kv-cache-memory "
+            f"to {needed * pool.nbytes() // num_blocks} bytes, or lower --max-model-len or --max-num-seqs"
         )
     return pool
 

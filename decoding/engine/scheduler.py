@@ -3,9 +3,15 @@
 Admission takes a request when a row handle per row and the blocks of its whole prompt (less
 what the prefix cache already holds) are free, keeping a reserve for the running rows to grow
 into. When a step's rows still need more blocks than are free, the newest running request is
-preempted: its blocks are copied out of the pool (``KVPool.swap_out``) and it waits, ahead of
-every new request, until they fit again; its strategy state is untouched, so it resumes exactly
-where it stopped and its output is the same as if it had never paused.
+preempted: its blocks are copied out of the pool (``KVPool.swap_out``), each block its rows share
+once, and it waits, ahead of every new request, until they fit again; its strategy state is
+untouched, so it resumes exactly where it stopped and its output is the same as if it had never
+paused. Keeping the sharing keeps the copy (host memory outside ``--kv-cache-memory``) and what it
+needs to resume to what it held, so a request that ran can always resume once it is alone.
+
+A request at the head of the line when nothing runs can only fit if the whole pool is enough for
+it; when it is not, it never will be: ``admit`` hands it back as unfit (the engine fails it with
+its id) instead of leaving the queue stuck behind it.
 
 Decode rows always get their tokens; what is left of ``max_num_batched_tokens`` goes to prompt
 chunks in arrival order, so a long prompt is prefilled over several steps instead of stalling the
@@ -18,7 +24,7 @@ from __future__ import annotations
 
 from collections import deque
 
-from decoding.kv.pool import KVPool, SwappedRow
+from decoding.kv.pool import KVPool, SwappedRows
 from decoding.model.runner import RowInput
 from decoding.strategies import DecodingStrategy
 from decoding.telemetry import EngineObserver
@@ -27,18 +33,30 @@ PREFILL_FLOOR_FRACTION = 0.25  # share of max_num_batched_tokens that prompt chu
 RESERVE_FRACTION = 0.01  # blocks admission leaves free for running rows to grow into (vLLM's watermark)
 
 
+def reserve_blocks(num_blocks: int) -> int:
+    """Blocks admission keeps free in a pool of ``num_blocks`` for the running rows to grow into."""
+    return max(1, int(num_blocks * RESERVE_FRACTION))
+
+
+def admission_blocks(prompt_blocks: int, num_rows: int, num_blocks: int) -> int:
+    """Free blocks admitting a request takes: its prompt's (less what the prefix cache holds), and the
+    reserve or a block per row (each row's first token may copy the prompt's shared last block),
+    whichever is more. The start-up check (``limits.kv_pool_for``) asks it of the widest request."""
+    return prompt_blocks + max(reserve_blocks(num_blocks), num_rows)
+
+
 class Scheduler:
     def __init__(self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None) -> None:
         self.pool = pool
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_floor = max(1, int(max_num_batched_tokens * PREFILL_FLOOR_FRACTION))
-        self.reserve = max(1, int(pool.blocks.num_blocks * RESERVE_FRACTION))
+        self.reserve = reserve_blocks(pool.blocks.num_blocks)
         self.observer = observer or EngineObserver()
         # each request is held as its strategy (which holds the request): the slots are the strategy's
         self.waiting: deque[DecodingStrategy] = deque()
         self.running: list[DecodingStrategy] = []
         self.preempted: deque[DecodingStrategy] = deque()  # oldest first; they resume before anyone new
-        self._swapped: dict[int, dict[int, SwappedRow]] = {}  # id(strategy) -> slot -> its K/V
+        self._swapped: dict[int, SwappedRows] = {}  # id(strategy) -> its K/V while preempted
 
     @property
     def num_waiting(self) -> int:
@@ -54,16 +72,48 @@ class Scheduler:
     def add(self, strategy: DecodingStrategy) -> None:
         self.waiting.append(strategy)
 
-    def admit(self) -> list[DecodingStrategy]:
-        """Resume preempted requests, then admit waiting ones first come first served, while they fit."""
-        while self.preempted and self._resume(self.preempted[0]):
-            self.preempted.popleft()
-        admitted = []
-        while not self.preempted and self.waiting and self._start(self.waiting[0]):
-            strategy = self.waiting.popleft()
-            self.running.append(strategy)
-            admitted.append(strategy)
-        return admitted
+    def next_deadline(self) -> float | None:
+        """The soonest ``time.monotonic()`` at which a time limit ends one of the requests, if any has one."""
+        deadlines = [s.request.deadline() for s in (*self.running, *self.preempted, *self.waiting)]
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def admit(self) -> tuple[list[DecodingStrategy], list[tuple[DecodingStrategy, str]]]:
+        """Resume preempted requests, then admit waiting ones first come first served, while they fit.
+
+        Returns the admitted requests, and the ones that cannot fit even with the pool to themselves,
+        with why: they are out of every queue, their rows freed; the caller fails them.
+        """
+        admitted: list[DecodingStrategy] = []
+        unfit: list[tuple[DecodingStrategy, str]] = []
+        while self.preempted:
+            strategy = self.preempted[0]
+            if self._resume(strategy):
+                self.preempted.popleft()
+            elif self.running:
+                break
+            else:  # alone, and the whole pool is not enough: it never will be
+                unfit.append((strategy, self._too_big(self._swapped[id(strategy)].num_blocks, strategy)))
+                self.remove(strategy)
+        while not self.preempted and self.waiting:
+            strategy = self.waiting[0]
+            if self._start(strategy):
+                self.running.append(self.waiting.popleft())
+                admitted.append(strategy)
+            elif self.running:
+                break
+            else:
+                prompt_blocks = self.pool.blocks_for(len(strategy.request.prompt_ids))
+                needed = admission_blocks(prompt_blocks, strategy.num_slots, self.pool.blocks.num_blocks)
+                unfit.append((strategy, self._too_big(needed, strategy)))
+                self.remove(strategy)
+        return admitted, unfit
+
+    def _too_big(self, blocks: int, strategy: DecodingStrategy) -> str:
+        return (
+            f"the KV cache ({self.pool.blocks.num_blocks} blocks of {self.pool.block_size} tokens, "
+            f"{self.pool.num_slots} rows) cannot hold this request even alone (it needs {blocks} blocks "
+            f"and {strategy.num_slots} rows); raise --kv-cache-memory or --max-num-seqs"
+        )
 
     def _start(self, strategy: DecodingStrategy) -> bool:
         """Give a request its rows and its prompt's blocks (cached ones shared), or leave it waiting."""
@@ -75,7 +125,8 @@ class Scheduler:
         cached = 0
         if strategy.reuses_prefix:  # at least the last prompt token is computed: its logits start decoding
             cached = pool.attach_prefix(slot, prompt, len(prompt) - 1)
-        needed = pool.blocks_for(len(prompt)) - len(pool.tables[slot]) + max(self.reserve, strategy.num_slots)
+        needed = admission_blocks(pool.blocks_for(len(prompt)) - len(pool.tables[slot]), strategy.num_slots,
+                                  pool.blocks.num_blocks)  # fmt: skip
         if pool.blocks.num_free < needed:
             for held in strategy.release_slots():
                 pool.free(held)
@@ -87,9 +138,9 @@ class Scheduler:
             self.observer.on_prefix_cache(len(prompt), cached)
         return True
 
-    def make_room(self, rows: list[tuple[DecodingStrategy, RowInput]]) -> DecodingStrategy | None:
+    def make_room(self, rows: list[tuple[DecodingStrategy, RowInput]]) -> tuple[DecodingStrategy, str] | None:
         """Preempt the newest running requests until the rows of this step (``(strategy, row)``)
-        have every block they write; returns a request that cannot fit even alone."""
+        have every block they write; returns a request that cannot fit even alone, and why."""
         pool = self.pool
         while True:
             live = [(strategy, row) for strategy, row in rows if strategy in self.running]
@@ -97,22 +148,28 @@ class Scheduler:
             if needed <= pool.blocks.num_free:
                 return None
             if len(self.running) == 1:
-                return self.running[0]
+                alone = self.running[0]
+                return alone, self._too_big(pool.blocks.num_used + needed, alone)
             self.preempt(self.running[-1])
 
     def preempt(self, strategy: DecodingStrategy) -> None:
         """Take a request's K/V out of the pool; it waits, first in line, to resume."""
         self.running.remove(strategy)
-        self._swapped[id(strategy)] = {slot: self.pool.swap_out(slot) for slot in strategy.held_slots()}
+        self._swapped[id(strategy)] = self.pool.swap_out(strategy.held_slots())
         self.preempted.append(strategy)
         self.observer.on_preempted()
 
+    def swapped_blocks(self, strategy: DecodingStrategy) -> int:
+        """Blocks a preempted request needs to resume (what it held when preempted)."""
+        return self._swapped[id(strategy)].num_blocks
+
     def _resume(self, strategy: DecodingStrategy) -> bool:
+        """Put a preempted request back, keeping the reserve free unless nothing else runs."""
         swapped = self._swapped[id(strategy)]
-        if self.pool.blocks.num_free < sum(row.num_blocks for row in swapped.values()) + self.reserve:
+        reserve = self.reserve if self.running else 0
+        if self.pool.blocks.num_free < swapped.num_blocks + reserve:
             return False
-        for slot, row in swapped.items():
-            self.pool.swap_in(slot, row)
+        self.pool.swap_in(swapped)
         del self._swapped[id(strategy)]
         self.running.append(strategy)
         self.running.sort(key=lambda s: s.request.arrival_time)  # prefill order stays first come first served

@@ -1,7 +1,9 @@
 """The thread that owns the model: it alone runs forwards, so the event loop never waits on one.
 
 Commands (new requests, aborts) arrive through a thread-safe inbox; outputs leave through each
-request's sink callback. The loop sleeps on the inbox when there is nothing to do.
+request's sink callback. The loop sleeps on the inbox when there is nothing to do, and also when a
+step changed nothing (every request waits for room that only a command or a time limit can make):
+it never spins a core on work that cannot move.
 
 Whenever the loop ends (``stop`` after the drain deadline, or a crash), every request it knows of
 (running, waiting, or still a command in the inbox) and every submit that races with the end
@@ -15,6 +17,7 @@ import dataclasses
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
@@ -35,6 +38,7 @@ Extra = TypeVar("Extra")
 UNAVAILABLE = "unavailable"  # RequestOutput.error_code: the server stopped; the HTTP layer answers 503
 STOPPED = "the server stopped before this request finished; retry it"
 CRASHED = "the engine worker stopped unexpectedly; retry the request"
+IDLE_RECHECK_S = 1.0  # the longest a worker whose work cannot move sleeps before stepping again
 
 
 @dataclass
@@ -165,19 +169,20 @@ class Worker:
     def _run(self) -> None:
         try:
             with torch.inference_mode():
-                running = True
+                running, idle = True, False
                 while running:
-                    block = not self.engine.has_work()
+                    block = idle or not self.engine.has_work()
                     try:
-                        command = self._inbox.get(block=block)
+                        command = self._inbox.get(block=block, timeout=self._sleep_limit() if block else None)
                         running = self._handle(command)
                         while running:
                             running = self._handle(self._inbox.get_nowait())
                     except queue.Empty:
                         pass
+                    idle = False
                     if running and self.engine.has_work():
                         try:
-                            self.engine.step()
+                            idle = self.engine.step() is False
                         except Exception as exc:  # an engine bug: fail what is in flight, keep serving
                             logger.exception("engine step failed")
                             self.engine.fail_all(f"engine step failed: {exc}")
@@ -187,6 +192,18 @@ class Worker:
         finally:
             self._stopped.set()
             self._fail_everything(self._end_message)
+
+    def _sleep_limit(self) -> float | None:
+        """How long the loop may wait for a command: forever with no work; with work that cannot move (a
+        step that changed nothing), until the next request's time limit, and at most ``IDLE_RECHECK_S``
+        (a backstop: were a step wrongly judged idle, its requests would stall a moment, never hang)."""
+        if not self.engine.has_work():
+            return None
+        next_deadline = getattr(self.engine.scheduler, "next_deadline", None)
+        deadline = next_deadline() if next_deadline is not None else None
+        if deadline is None:
+            return IDLE_RECHECK_S
+        return min(max(0.0, deadline - time.monotonic()), IDLE_RECHECK_S)
 
     # ---- the end of the loop -----------------------------------------------------------------------
     def _fail_everything(self, message: str) -> None:

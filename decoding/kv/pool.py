@@ -20,7 +20,7 @@ import torch
 
 from decoding.kv.blocks import ROOT, BlockAllocator, OutOfBlocksError
 
-__all__ = ["KVPool", "NoFreeSlotError", "OutOfBlocksError", "SwappedRow"]
+__all__ = ["KVPool", "NoFreeSlotError", "OutOfBlocksError", "SwappedRows"]
 
 DEFAULT_BLOCK_SIZE = 16
 
@@ -30,11 +30,25 @@ class NoFreeSlotError(RuntimeError):
 
 
 @dataclass
-class SwappedRow:
-    """A preempted row's K/V held outside the pool until it resumes (``[layers, 2, blocks, ...]``)."""
+class SwappedRows:
+    """A preempted request's K/V held outside the pool until it resumes.
+
+    Its rows share blocks (n > 1 rows share the prompt, beams their common past, a guidance twin
+    nothing): each distinct block is copied once into ``data`` (``[layers, 2, blocks, ...]``) and
+    ``tables`` maps each row to the copies it held, in order, so the host copy and the blocks it
+    needs to resume are what the request held, not one prompt per row.
+    """
 
     data: torch.Tensor | None
-    num_blocks: int
+    tables: dict[int, list[int]]  # slot -> indices into data's block axis
+
+    @property
+    def num_blocks(self) -> int:
+        return 0 if self.data is None else self.data.shape[2]
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.data is None else self.data.numel() * self.data.element_size()
 
 
 @dataclass
@@ -234,24 +248,33 @@ class KVPool:
         registered.num_blocks = max(registered.num_blocks, full)
 
     # ---- preemption ------------------------------------------------------------------------------
-    def swap_out(self, slot: int) -> SwappedRow:
-        """Copy the row's blocks out of the pool and let them go (the row is preempted)."""
-        table = self.tables[slot]
+    def swap_out(self, slots: list[int]) -> SwappedRows:
+        """Copy the rows' blocks out of the pool, each shared block once, and let them go (the
+        request is preempted)."""
+        distinct: dict[int, int] = {}  # block -> its index in the copy, in first-seen order
+        tables = {slot: [distinct.setdefault(block, len(distinct)) for block in self.tables[slot]] for slot in slots}
         data = None
-        if table:
-            index = torch.tensor(table, dtype=torch.long, device=self.keys[0].device)
+        if distinct:
+            index = torch.tensor(list(distinct), dtype=torch.long, device=self.keys[0].device)
             data = torch.stack([torch.stack([k[index], v[index]]) for k, v in zip(self.keys, self.values, strict=True)])
-        swapped = SwappedRow(data, len(table))
-        self.truncate(slot, 0)
-        return swapped
+        for slot in slots:
+            self.truncate(slot, 0)
+        return SwappedRows(data, tables)
 
-    def swap_in(self, slot: int, swapped: SwappedRow) -> None:
-        """Put a preempted row's K/V back into fresh blocks (``swapped.num_blocks`` must be free)."""
-        self.truncate(slot, 0)
-        table = [self.blocks.take() for _ in range(swapped.num_blocks)]
-        self.tables[slot] = table
-        if swapped.data is not None:
-            index = torch.tensor(table, dtype=torch.long, device=self.keys[0].device)
+    def swap_in(self, swapped: SwappedRows) -> None:
+        """Put a preempted request's K/V back: one fresh block per copy (``swapped.num_blocks`` must be
+        free), held by as many of its rows as held the original, so later writes copy on write again."""
+        fresh = [self.blocks.take() for _ in range(swapped.num_blocks)]
+        taken = [False] * len(fresh)
+        for slot, indices in swapped.tables.items():
+            self.truncate(slot, 0)
+            for index in indices:
+                if taken[index]:
+                    self.blocks.share(fresh[index])
+                taken[index] = True
+            self.tables[slot] = [fresh[index] for index in indices]
+        if fresh:
+            index = torch.tensor(fresh, dtype=torch.long, device=self.keys[0].device)
             for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
                 k[index] = swapped.data[layer, 0]
                 v[index] = swapped.data[layer, 1]

@@ -170,6 +170,15 @@ class Request:
         max_time = self.params.max_time
         return max_time is not None and self.start_time is not None and now - self.start_time >= max_time
 
+    def deadline(self) -> float | None:
+        """The ``time.monotonic()`` at which ``expired`` turns true, if a time limit applies yet."""
+        ends = []
+        if self.timeout is not None:
+            ends.append(self.arrival_time + self.timeout)
+        if self.params.max_time is not None and self.start_time is not None:
+            ends.append(self.start_time + self.params.max_time)
+        return min(ends, default=None)
+
     def overall_finish_reason(self) -> FinishReason:
         """One reason for the whole request, for metrics: stop when any row stopped."""
         reasons = {row.finish_reason for row in self.rows}
