@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 import transformers
 
 VOCAB = 96
 EOS = 2
-INIT_STD = 0.2
+INIT_STD = 0.5
 WINDOW = 6  # sliding windows this short are crossed by every test prompt
 _IDS = dict(bos_token_id=1, eos_token_id=EOS, pad_token_id=0)
 _SHAPE = dict(
@@ -34,6 +35,7 @@ class Family:
     config: Callable[[], transformers.PretrainedConfig]
     features: str  # what the matrix exercises in it (the README table's column)
     skip: dict[str, str] = field(default_factory=dict)  # strategy -> why it is not run for this family
+    refused: str | None = None  # for a family Decoda refuses: words its load error must contain
 
     def build(self, seed: int = 0) -> torch.nn.Module:
         torch.manual_seed(seed)
@@ -43,6 +45,10 @@ class Family:
         config.initializer_range = INIT_STD
         config.tie_word_embeddings = False
         return transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
+
+    def save(self, folder: Path) -> None:
+        """The config alone: a refused family is refused before any weight is read."""
+        self.config().save_pretrained(folder)
 
 
 def _cfg(name: str, **kwargs: object) -> Callable[[], transformers.PretrainedConfig]:
@@ -72,22 +78,40 @@ FAMILIES: list[Family] = [
     Family("gemma", _cfg("GemmaConfig", **_GQA, head_dim=16), "scaled embeddings, GeGLU"),
     Family(
         "gemma2",
-        _cfg("Gemma2Config", **dict(_GQA, num_hidden_layers=4), head_dim=16, sliding_window=WINDOW,
-             attn_logit_softcapping=5.0, final_logit_softcapping=3.0, query_pre_attn_scalar=24),
+        _cfg(
+            "Gemma2Config",
+            **dict(_GQA, num_hidden_layers=4),
+            head_dim=16,
+            sliding_window=WINDOW,
+            attn_logit_softcapping=5.0,
+            final_logit_softcapping=3.0,
+            query_pre_attn_scalar=24,
+        ),
         "attention + final logit soft-capping, alternating sliding layers",
     ),
     Family(
         "gemma3_text",
-        _cfg("Gemma3TextConfig", **dict(_GQA, num_hidden_layers=4), head_dim=16, sliding_window=WINDOW,
-             layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"]),
+        _cfg(
+            "Gemma3TextConfig",
+            **dict(_GQA, num_hidden_layers=4),
+            head_dim=16,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        ),
         "sliding/global layers, two RoPE bases, q/k norm",
     ),
     Family("phi3", _cfg("Phi3Config", **_GQA), "fused QKV, fused gate-up"),
     Family("olmo2", _cfg("Olmo2Config", **_GQA), "post-norm, q/k norm"),
     Family(
         "granite",
-        _cfg("GraniteConfig", **_GQA, embedding_multiplier=3.0, residual_multiplier=0.5, attention_multiplier=0.2,
-             logits_scaling=4.0),
+        _cfg(
+            "GraniteConfig",
+            **_GQA,
+            embedding_multiplier=3.0,
+            residual_multiplier=0.5,
+            attention_multiplier=0.2,
+            logits_scaling=4.0,
+        ),
         "embedding/residual/attention multipliers, logit scaling",
     ),
     Family("starcoder2", _cfg("Starcoder2Config", **_GQA, sliding_window=WINDOW), "LayerNorm, biases, sliding window"),
@@ -95,21 +119,29 @@ FAMILIES: list[Family] = [
     Family("stablelm", _cfg("StableLmConfig", **_GQA, partial_rotary_factor=0.25), "partial rotary"),
     Family(
         "gpt_neox",
-        _cfg("GPTNeoXConfig", **{k: v for k, v in _SHAPE.items() if k != "num_key_value_heads"}, num_hidden_layers=2,
-             rotary_pct=0.25, bos_token_id=1, eos_token_id=EOS),
+        _cfg(
+            "GPTNeoXConfig",
+            **{k: v for k, v in _SHAPE.items() if k != "num_key_value_heads"},
+            num_hidden_layers=2,
+            rotary_pct=0.25,
+            bos_token_id=1,
+            eos_token_id=EOS,
+        ),
         "partial rotary, parallel residual",
     ),
     Family(
         "gpt2",
-        _cfg("GPT2Config", vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=1,
-             eos_token_id=EOS),
+        _cfg(
+            "GPT2Config",
+            vocab_size=VOCAB,
+            n_embd=64,
+            n_layer=2,
+            n_head=4,
+            n_positions=256,
+            bos_token_id=1,
+            eos_token_id=EOS,
+        ),
         "absolute positions, Conv1D",
-    ),
-    Family(
-        "falcon",
-        _cfg("FalconConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-             max_position_embeddings=256, bos_token_id=1, eos_token_id=EOS),
-        "multi-query attention, parallel attention",
     ),
     Family(
         "smollm3",
@@ -118,17 +150,88 @@ FAMILIES: list[Family] = [
     ),
     Family(
         "deepseek_v3",
-        _cfg("DeepseekV3Config", **dict(_GQA, num_key_value_heads=4), kv_lora_rank=32, q_lora_rank=48,
-             qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=12, n_routed_experts=4, num_experts_per_tok=2,
-             n_group=1, topk_group=1, moe_intermediate_size=32, first_k_dense_replace=1),
+        _cfg(
+            "DeepseekV3Config",
+            **dict(_GQA, num_key_value_heads=4),
+            kv_lora_rank=32,
+            q_lora_rank=48,
+            qk_rope_head_dim=8,
+            qk_nope_head_dim=16,
+            v_head_dim=12,
+            n_routed_experts=4,
+            num_experts_per_tok=2,
+            n_group=1,
+            topk_group=1,
+            moe_intermediate_size=32,
+            first_k_dense_replace=1,
+        ),
         "MLA (K and V of different head dims), MoE",
     ),
     Family(
         "gpt_oss",
-        _cfg("GptOssConfig", **_GQA, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=WINDOW,
-             layer_types=["sliding_attention", "full_attention"]),
+        _cfg(
+            "GptOssConfig",
+            **_GQA,
+            head_dim=16,
+            num_local_experts=4,
+            num_experts_per_tok=2,
+            sliding_window=WINDOW,
+            layer_types=["sliding_attention", "full_attention"],
+        ),
         "attention sinks, MoE, alternating sliding layers",
     ),
 ]
 
-BY_TYPE = {family.model_type: family for family in FAMILIES}
+# refused at load, each for its reason
+REFUSED: list[Family] = [
+    Family(
+        "falcon",
+        _cfg(
+            "FalconConfig",
+            vocab_size=VOCAB,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+            bos_token_id=1,
+            eos_token_id=EOS,
+        ),
+        "multi-query attention, parallel attention",
+        refused="AttentionInterface",
+    ),
+    Family(
+        "mamba",
+        _cfg("MambaConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2),
+        "selective state space",
+        refused="recurrent",
+    ),
+    Family(
+        "jamba",
+        _cfg("JambaConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2),
+        "Mamba + attention hybrid",
+        refused="recurrent",
+    ),
+    Family(
+        "falcon_h1",
+        _cfg("FalconH1Config", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2),
+        "parallel Mamba-2 + attention",
+        refused="recurrent",
+    ),
+    Family(
+        "qwen3_next",
+        _cfg("Qwen3NextConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4),
+        "gated DeltaNet + attention",
+        refused="recurrent",
+    ),
+    Family(
+        "lfm2",
+        _cfg("Lfm2Config", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=2),
+        "short convolutions",
+        refused="recurrent",
+    ),
+    Family(
+        "t5", _cfg("T5Config", vocab_size=VOCAB, d_model=64, num_layers=2), "encoder-decoder", refused="encoder-decoder"
+    ),
+]
+
+BY_TYPE = {family.model_type: family for family in FAMILIES + REFUSED}

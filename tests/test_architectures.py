@@ -1,0 +1,169 @@
+"""Issue 23's matrix: every decoder-only family of ``tests/arch_families.py``, served token-exact.
+
+For each family, a tiny random model (seeded) runs through the engine, and at batch size 1 every
+strategy gives the reference's tokens: transformers 5's ``generate()`` for greedy, seeded sampling,
+beam search, prompt lookup and early exit; for contrastive search and DoLa (gone from transformers
+5) the 4.x algorithms recomputed from full forwards (``tests/reference_decoding.py``). Then all of
+them run at once in one batch and must not change; the prefix cache, int8/int4 weights and compiled
+layers must not change them either. Families Decoda cannot serve are refused at load with a reason.
+The README's architecture table is written from this matrix (``tests/write_arch_table.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+
+import pytest
+import torch
+
+from decoding.model.quantization import quantize_model
+from decoding.params import GenerationParams
+from tests import reference_decoding
+from tests.arch_families import EOS, FAMILIES, REFUSED, VOCAB, Family
+from tests.engine_harness import EngineHarness, as_served
+
+SERVED = [family for family in FAMILIES if family.refused is None]
+NEW_TOKENS = 10
+
+
+def family_id(family: Family) -> str:
+    return family.model_type
+
+
+@functools.cache
+def model_of(model_type: str) -> torch.nn.Module:
+    return next(f for f in FAMILIES if f.model_type == model_type).build(seed=0)
+
+
+@functools.cache
+def served_of(model_type: str) -> torch.nn.Module:
+    """One copy as the server runs it per family, shared by the engines of the tests (packing is slow)."""
+    return as_served(model_of(model_type))
+
+
+def prompt(index: int) -> list[int]:
+    """Prompts longer than the families' sliding windows; the second repeats itself (prompt lookup drafts)."""
+    rng = random.Random(index)
+    base = [rng.randrange(3, VOCAB) for _ in range(rng.randrange(7, 12))]
+    return base + base[:6] if index % 2 else base
+
+
+def hf_generate(model: torch.nn.Module, ids: list[int], seed: int | None = None, **kwargs: object) -> list[int]:
+    if seed is not None:
+        torch.manual_seed(seed)
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]),
+            attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            eos_token_id=EOS,
+            pad_token_id=0,
+            top_k=0,
+            **kwargs,
+        )
+    tokens = out[0, len(ids) :].tolist()
+    return tokens[: tokens.index(EOS) + 1] if EOS in tokens else tokens  # HF pads after eos; ours ends
+
+
+# strategy -> (engine parameters, how to get the expected tokens for one prompt)
+STRATEGIES: dict[str, tuple[dict, object]] = {
+    "greedy": (dict(), lambda m, p: hf_generate(m, p, max_new_tokens=NEW_TOKENS, do_sample=False)),
+    "sampling": (
+        dict(do_sample=True, temperature=0.8, seed=7),
+        lambda m, p: hf_generate(m, p, seed=7, max_new_tokens=NEW_TOKENS, do_sample=True, temperature=0.8),
+    ),
+    "beam": (dict(num_beams=3), lambda m, p: hf_generate(m, p, max_new_tokens=NEW_TOKENS, num_beams=3)),
+    "contrastive": (
+        dict(penalty_alpha=0.6, top_k=4),
+        lambda m, p: reference_decoding.contrastive_search(m, p, 4, 0.6, NEW_TOKENS, EOS),
+    ),
+    "dola": (dict(dola_layers=[0, 1]), lambda m, p: reference_decoding.dola(m, p, [0, 1], NEW_TOKENS, EOS)),
+    "prompt_lookup": (
+        dict(prompt_lookup_num_tokens=3),
+        lambda m, p: hf_generate(m, p, max_new_tokens=NEW_TOKENS, do_sample=False, prompt_lookup_num_tokens=3),
+    ),
+    "early_exit": (dict(assistant_early_exit=1), lambda m, p: hf_early_exit(m, p)),
+}
+# transformers' early exit lowers config.num_hidden_layers while drafting, and its cache then has
+# fewer layers than these families' forward loops run (they ignore that field): generate() raises
+# IndexError. Early exit is assisted greedy, whose tokens are greedy's by definition: that is the reference.
+HF_EARLY_EXIT_BREAKS = {"stablelm", "gpt_neox", "gpt2", "gpt_oss"}
+
+
+def hf_early_exit(model: torch.nn.Module, ids: list[int]) -> list[int]:
+    if model.config.model_type in HF_EARLY_EXIT_BREAKS:
+        return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
+    return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_early_exit=1)
+PROMPTS = (0, 1)
+
+
+def params(strategy: str) -> GenerationParams:
+    return GenerationParams(max_new_tokens=NEW_TOKENS, **STRATEGIES[strategy][0])
+
+
+@functools.cache
+def expected(model_type: str, strategy: str, index: int) -> tuple[int, ...]:
+    return tuple(STRATEGIES[strategy][1](model_of(model_type), prompt(index)))
+
+
+def run_alone(model: torch.nn.Module, tokenizer, strategy: str, index: int, served: bool = False) -> list[int]:
+    harness = EngineHarness(model, tokenizer, [EOS], served=served)
+    harness.add("r", prompt(index), params(strategy))
+    harness.run()
+    return harness.token_ids("r")
+
+
+def strategies_of(family: Family) -> list[str]:
+    return [name for name in STRATEGIES if name not in family.skip]
+
+
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_every_strategy_alone_equals_the_reference(family, smollm2_tokenizer):
+    assert len({t for i in PROMPTS for t in expected(family.model_type, "greedy", i)}) >= 6, "degenerate model"
+    for strategy in strategies_of(family):
+        for index in PROMPTS:
+            got = run_alone(served_of(family.model_type), smollm2_tokenizer, strategy, index, served=True)
+            assert got == list(expected(family.model_type, strategy, index)), f"{strategy}, prompt {index}"
+
+
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_every_strategy_in_one_mixed_batch_and_from_the_prefix_cache(family, smollm2_tokenizer):
+    """All strategies and prompts at once (chunked prefill beside decode rows), twice: the second
+    round's prompts come from the prefix cache. Nothing changes."""
+    served = served_of(family.model_type)
+    harness = EngineHarness(served, smollm2_tokenizer, [EOS], max_num_batched_tokens=16, block_size=4, served=True)
+    cases = [(strategy, index) for strategy in strategies_of(family) for index in PROMPTS]
+    for round_ in ("cold", "warm"):
+        for strategy, index in cases:
+            harness.add(f"{round_}-{strategy}-{index}", prompt(index), params(strategy))
+        harness.run()
+    for round_ in ("cold", "warm"):
+        for strategy, index in cases:
+            got = harness.token_ids(f"{round_}-{strategy}-{index}")
+            assert got == list(expected(family.model_type, strategy, index)), f"{round_} {strategy}, prompt {index}"
+    assert max(harness.outputs[f"warm-greedy-{i}"][-1].num_cached_tokens for i in PROMPTS) > 0
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("family", SERVED, ids=family_id)
+def test_low_bit_weights_equal_hf_on_the_same_weights(family, mode, smollm2_tokenizer):
+    quantized = copy.deepcopy(model_of(family.model_type))
+    quantize_model(quantized, mode)
+    for index in PROMPTS:
+        want = hf_generate(quantized, prompt(index), max_new_tokens=NEW_TOKENS, do_sample=False)
+        assert run_alone(quantized, smollm2_tokenizer, "greedy", index) == want, f"prompt {index}"
+
+
+@pytest.mark.parametrize("family", REFUSED, ids=family_id)
+def test_a_family_decoda_cannot_serve_is_refused_at_load_with_its_reason(family, smollm2_tokenizer, tmp_path):
+    from decoding.model.attention import register_attention
+    from decoding.model.loading import load_model
+    from decoding.model.registry import ModelLoadError
+
+    family.save(tmp_path)
+    smollm2_tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(ModelLoadError) as refused:
+        load_model(str(tmp_path), attn_implementation=register_attention())
+    message = str(refused.value)
+    assert family.model_type in message and family.refused in message
