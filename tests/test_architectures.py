@@ -14,11 +14,15 @@ from __future__ import annotations
 import copy
 import functools
 import random
+from pathlib import Path
 
 import pytest
 import torch
 
-from decoding.model.quantization import quantize_model
+from decoding.model.attention import register_attention
+from decoding.model.compile import compile_layers
+from decoding.model.loading import load_model
+from decoding.model.registry import ModelLoadError
 from decoding.params import GenerationParams
 from tests import reference_decoding
 from tests.arch_families import EOS, FAMILIES, REFUSED, VOCAB, Family
@@ -145,22 +149,62 @@ def test_every_strategy_in_one_mixed_batch_and_from_the_prefix_cache(family, smo
     assert max(harness.outputs[f"warm-greedy-{i}"][-1].num_cached_tokens for i in PROMPTS) > 0
 
 
-@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory, smollm2_tokenizer):
+    """Each family saved as a model folder (its seeded weights and the reused tokenizer), once."""
+    saved: dict[str, Path] = {}
+
+    def folder(model_type: str) -> Path:
+        if model_type not in saved:
+            saved[model_type] = tmp_path_factory.mktemp(model_type)
+            model_of(model_type).save_pretrained(saved[model_type])
+            smollm2_tokenizer.save_pretrained(saved[model_type])
+        return saved[model_type]
+
+    return folder
+
+
+@pytest.mark.parametrize("mode", ["none", "int8", "int4"])
 @pytest.mark.parametrize("family", SERVED, ids=family_id)
-def test_low_bit_weights_equal_hf_on_the_same_weights(family, mode, smollm2_tokenizer):
-    quantized = copy.deepcopy(model_of(family.model_type))
-    quantize_model(quantized, mode)
+def test_loads_from_a_folder_and_low_bit_weights_equal_hf_on_the_same_weights(family, mode, folders):
+    """``load_model`` accepts the family (its paged logits pass the load-time check against eager
+    attention) with float, int8 and int4 weights, and greedy equals transformers on those weights."""
+    loaded = load_model(str(folders(family.model_type)), attn_implementation=register_attention(), quantization=mode)
+    reference = copy.deepcopy(loaded.model)
+    reference.set_attn_implementation("eager")
     for index in PROMPTS:
-        want = hf_generate(quantized, prompt(index), max_new_tokens=NEW_TOKENS, do_sample=False)
-        assert run_alone(quantized, smollm2_tokenizer, "greedy", index) == want, f"prompt {index}"
+        want = hf_generate(reference, prompt(index), max_new_tokens=NEW_TOKENS, do_sample=False)
+        harness = EngineHarness(loaded.model, loaded.tokenizer, [EOS], served=True)
+        harness.add("r", prompt(index), params("greedy"))
+        harness.run()
+        assert harness.token_ids("r") == want, f"prompt {index}"
+
+
+# one family for each way the attention call differs: soft-capping, sinks, MLA's narrower values,
+# keyword arguments not passed down, GPT-2's layer naming and absolute positions
+COMPILED = ["gemma2", "gpt_oss", "deepseek_v3", "stablelm", "gpt2"]
+
+
+@pytest.mark.parametrize("model_type", COMPILED)
+def test_compiled_layers_keep_every_strategy_s_tokens(model_type, smollm2_tokenizer):
+    """``--compile``'s regional compilation traces the attention call with the family's extras
+    (the custom op carries soft-cap and sinks); dynamo's eager backend keeps this fast on 2 cores."""
+    torch._dynamo.reset()
+    compiled = copy.deepcopy(model_of(model_type))
+    compiled.set_attn_implementation(register_attention())
+    compile_layers(compiled, backend="eager")
+    harness = EngineHarness(compiled, smollm2_tokenizer, [EOS], served=True)
+    cases = [(strategy, index) for strategy in ("greedy", "beam", "contrastive", "dola") for index in PROMPTS]
+    for strategy, index in cases:
+        harness.add(f"{strategy}-{index}", prompt(index), params(strategy))
+    harness.run()
+    torch._dynamo.reset()
+    for strategy, index in cases:
+        assert harness.token_ids(f"{strategy}-{index}") == list(expected(model_type, strategy, index)), strategy
 
 
 @pytest.mark.parametrize("family", REFUSED, ids=family_id)
 def test_a_family_decoda_cannot_serve_is_refused_at_load_with_its_reason(family, smollm2_tokenizer, tmp_path):
-    from decoding.model.attention import register_attention
-    from decoding.model.loading import load_model
-    from decoding.model.registry import ModelLoadError
-
     family.save(tmp_path)
     smollm2_tokenizer.save_pretrained(tmp_path)
     with pytest.raises(ModelLoadError) as refused:
