@@ -66,6 +66,8 @@ class LoadedModel:
     generation_defaults: dict[str, Any]  # generation_config.json knobs used as request defaults (model_defaults)
     max_position_embeddings: int
     has_chat_template: bool
+    architecture: str = ""  # the transformers class served, e.g. "Gemma2ForCausalLM"
+    model_type: str = ""  # its config's model_type, e.g. "gemma2"
 
 
 def load_model(
@@ -244,6 +246,8 @@ def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) 
         generation_defaults=defaults,
         max_position_embeddings=max_positions,
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        architecture=type(model).__name__,
+        model_type=str(getattr(config, "model_type", "")),
     )
 
 
