@@ -210,3 +210,9 @@ def test_a_family_decoda_cannot_serve_is_refused_at_load_with_its_reason(family,
         load_model(str(tmp_path), attn_implementation=register_attention())
     message = str(refused.value)
     assert family.model_type in message and family.refused in message
+
+
+def test_the_readme_table_is_the_matrix():
+    from tests.write_arch_table import README, readme_table, render
+
+    assert readme_table(README.read_text()) == render(), "run: .venv/bin/python -m tests.write_arch_table"

@@ -11,8 +11,8 @@ Modes (vLLM's flag name and values where they exist):
   int8 per channel (they set every logit, and a 4-bit LM head costs most of the quality), and
   so is a linear whose input width is not a multiple of 32.
 
-Only ``nn.Linear`` modules are swapped: transformers 5 keeps a MoE layer's experts as fused 3-D
-parameters and GPT-2 its projections as ``Conv1D``; those stay float.
+``nn.Linear`` and GPT-2's ``Conv1D`` (the same product, weight stored transposed) are swapped;
+transformers 5 keeps a MoE layer's experts as fused 3-D parameters, and those stay float.
 
 A tied embedding and LM head become one matrix used both ways (``modules``). After the swap the
 float weights are dropped and freed memory is handed back to the OS, so the resident size is the
@@ -27,6 +27,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from decoding.model.packed_linear import own_remaining_tensors
 from decoding.model.quantization.affine import AffineCodes
@@ -96,8 +97,12 @@ def quantize_model(model: nn.Module, mode: str, *, gguf_path: Path | None = None
                 _swap_linear(model, names[id(head)], head, source, kinds)
         skip = {id(embedding), id(head)}
         for name, module in list(model.named_modules()):
-            if type(module) is nn.Linear and id(module) not in skip:
+            if id(module) in skip:
+                continue
+            if type(module) is nn.Linear:
                 _swap_linear(model, name, module, source, kinds)
+            elif type(module) is Conv1D:  # GPT-2's projections: a linear whose weight is stored [in, out]
+                _swap_linear(model, name, module, source, kinds, weight=module.weight.t())
     finally:
         source.close()
     own_remaining_tensors(model)  # frees the float checkpoint's file mapping and the heap it left
@@ -120,8 +125,12 @@ def _swap_embedding(model: nn.Module, embedding: nn.Module, name: str, source: _
     return matrix, kind  # type: ignore[return-value]
 
 
-def _swap_linear(model: nn.Module, name: str, linear: nn.Linear, source: _Source, kinds: Counter[str]) -> None:
-    built = source.matrix(f"{name}.weight", linear.weight, lookup=False)
+def _swap_linear(
+    model: nn.Module, name: str, linear: nn.Module, source: _Source, kinds: Counter[str],
+    weight: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """``weight``: the ``[out, in]`` matrix when the module stores it otherwise (``Conv1D``)."""
+    built = source.matrix(f"{name}.weight", linear.weight if weight is None else weight, lookup=False)
     if built is None:
         return
     matrix, kind = built
