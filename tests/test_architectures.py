@@ -99,6 +99,8 @@ def hf_early_exit(model: torch.nn.Module, ids: list[int]) -> list[int]:
     if model.config.model_type in HF_EARLY_EXIT_BREAKS:
         return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
     return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_early_exit=1)
+
+
 PROMPTS = (0, 1)
 
 
