@@ -108,10 +108,14 @@ def check_model(model: torch.nn.Module, attention_name: str) -> None:
             f"architecture {name}: Decoda's attention ran for layers {sorted(set(calls))} of {layers}; a layer "
             "that keeps state outside the KV cache or attends some other way cannot be served"
         )
-    reference = _eager_logits(model, attention_name, config.vocab_size)
-    dtype = next(model.parameters()).dtype
-    error = float((ours - reference).abs().max() / reference.abs().max().clamp(min=1e-6))
-    if not error <= _TOLERANCE.get(dtype, 1e-3):
+    reference, by_prefix = _eager_logits(model, attention_name, config.vocab_size)
+    scale = reference.abs().max().clamp(min=1e-6)
+    error = float((ours - reference).abs().max() / scale)
+    # low-bit kernels round differently for different numbers of rows: the model's own eager forward
+    # moves by ``noise`` between one whole sequence and its prefixes, and ours may move as much
+    noise = float((by_prefix - reference).abs().max() / scale)
+    tolerance = max(_TOLERANCE.get(next(model.parameters()).dtype, 1e-3), 4 * noise)
+    if not error <= tolerance:
         raise ModelLoadError(
             f"architecture {name} gives different logits through Decoda's paged attention than through "
             f"transformers' eager attention (relative error {error:.2g}); it needs attention Decoda does not "
@@ -148,11 +152,15 @@ def _probe(model: torch.nn.Module, attention_name: str, vocab_size: int) -> tupl
 
 
 @torch.inference_mode()
-def _eager_logits(model: torch.nn.Module, attention_name: str, vocab_size: int) -> torch.Tensor:
+def _eager_logits(model: torch.nn.Module, attention_name: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's logits through transformers' eager attention: the whole sequence in one forward, and
+    each position as the last of its own prefix (how far the model's numerics move with the shape)."""
     device = next(model.parameters()).device
     ids = torch.tensor([_probe_ids(vocab_size)], device=device)
     model.set_attn_implementation("eager")
     try:
-        return model(input_ids=ids, use_cache=False).logits[0].float()
+        whole = model(input_ids=ids, use_cache=False).logits[0].float()
+        last = [model(input_ids=ids[:, : i + 1], use_cache=False).logits[0, -1:].float() for i in range(ids.shape[1])]
+        return whole, torch.cat(last)
     finally:
         model.set_attn_implementation(attention_name)
