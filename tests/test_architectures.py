@@ -218,3 +218,28 @@ def test_the_readme_table_is_the_matrix():
     from tests.write_arch_table import README, readme_table, render
 
     assert readme_table(README.read_text()) == render(), "run: .venv/bin/python -m tests.write_arch_table"
+
+
+@pytest.mark.parametrize(
+    ("value_dim", "softcap", "sinks"),
+    [(16, 0.0, None), (16, 5.0, None), (16, 0.0, torch.ones(4)), (8, 0.0, None)],
+    ids=["plain", "softcap", "sinks", "mla"],
+)
+def test_the_compiled_attention_op_returns_the_layout_its_fake_promises(value_dim, softcap, sinks):
+    """Inductor asserts a custom op's output strides against its fake: every path must be contiguous
+    (the soft-cap, sink and MLA path once returned a transposed view, and compiled Gemma 2 failed)."""
+    from decoding.kv.pool import KVPool
+    from decoding.model.attention import Segment, StepLayout, _packed_attention_shape, active_layout, packed_attention
+
+    pool = KVPool(num_layers=1, num_blocks=8, num_kv_heads=2, head_dim=16, value_head_dim=value_dim,
+                  max_model_len=32, dtype=torch.float32, device="cpu", num_slots=2)  # fmt: skip
+    segments = [Segment(1, 0, 5)]  # a prompt chunk alone: its attention output is the op's output
+    pool.prepare(1, 0, 5)
+    pool.keys[0].zero_()
+    pool.values[0].zero_()
+    layout = StepLayout(pool, segments, torch.device("cpu"))
+    query, key, value = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, value_dim)
+    with active_layout(layout):
+        out = packed_attention(query, key, value, 0, 0.25, -1, softcap, sinks)
+    fake = _packed_attention_shape(query, key, value, 0, 0.25, -1, softcap, sinks)
+    assert out.shape == fake.shape and out.stride() == fake.stride()

@@ -14,6 +14,7 @@ from pathlib import Path
 from decoding.model.registry import ModelLoadError
 from decoding.model.support import check_attention_interface, check_config
 from tests.arch_families import FAMILIES, REFUSED, Family
+from tests.test_arch_gguf import GGUF_ARCH
 from tests.test_architectures import COMPILED, STRATEGIES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -48,12 +49,13 @@ def low_bit(family: Family) -> str:
 
 def render() -> str:
     head = ["family", "what the tiny model exercises", *COLUMNS.values(), "mixed batch, prefix cache", "int8 / int4",
-            "--compile"]  # fmt: skip
+            "gguf", "--compile"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in FAMILIES:
         cells = ["exact" if name not in family.skip else f"not run: {family.skip[name]}" for name in COLUMNS]
         compiled = "exact" if family.model_type in COMPILED else "not run (one family per attention variant)"
-        row = [f"`{family.model_type}`", family.features, *cells, "exact", low_bit(family), compiled]
+        gguf = "exact" if family.model_type in GGUF_ARCH else "n/a: transformers reads no GGUF of it"
+        row = [f"`{family.model_type}`", family.features, *cells, "exact", low_bit(family), gguf, compiled]
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     lines.append("Refused at load (the error names the architecture and why):")

@@ -162,7 +162,9 @@ def packed_attention(
 ) -> torch.Tensor:
     """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 and ``softcap`` 0 mean none)."""
     window = None if sliding_window < 0 else sliding_window
-    return _attend(_current_layout(), layer, query, key, value, scaling, window, softcap or None, sinks)
+    # contiguous, as the fake promises (the compiled graph asserts strides): SDPA's output already is
+    # once transposed, the soft-cap/sink/MLA path's is not
+    return _attend(_current_layout(), layer, query, key, value, scaling, window, softcap or None, sinks).contiguous()
 
 
 def _current_layout() -> StepLayout:
