@@ -15,7 +15,11 @@ with the new keys/values, and this one:
    prefix and itself only.
 
 It matches transformers' ``sdpa_attention_forward`` numerically up to float reassociation; the
-masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers).
+masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers). What
+makes a family's attention its own comes as data with each call, never as a model name: the
+layer's ``sliding_window`` (None on global layers), Gemma 2's ``softcap``, gpt-oss's sinks
+(``s_aux``), MLA's values narrower than its keys; those without a fast kernel take
+``paged_attention.grouped_attention``, which applies them as transformers' eager attention does.
 """
 
 from __future__ import annotations
