@@ -230,6 +230,12 @@ REFUSED: list[Family] = [
         refused="recurrent",
     ),
     Family(
+        "llama4_text",
+        _cfg("Llama4TextConfig", vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4),
+        "chunked attention",
+        refused="does not implement",
+    ),
+    Family(
         "t5", _cfg("T5Config", vocab_size=VOCAB, d_model=64, num_layers=2), "encoder-decoder", refused="encoder-decoder"
     ),
 ]

@@ -30,6 +30,8 @@ from decoding.model.runner import ModelRunner, RowInput
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 # config fields that only a layer with recurrent or convolutional state has
 _STATE_FIELDS = ("ssm_state_size", "mamba_d_state", "state_size", "linear_num_value_heads", "conv_L_cache")
+# layer kinds (``layer_types``) whose layers carry state from token to token
+_STATEFUL_WORDS = ("mamba", "linear", "conv", "recurrent", "hybrid", "ssm", "rwkv", "delta")
 _PROBE_TOKENS = 7
 # max |ours - eager| over the probe's logits, relative to their largest magnitude, by dtype
 _TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
@@ -50,12 +52,17 @@ def check_config(config: Any) -> None:
             f"architecture {name} is an encoder-decoder model; Decoda serves decoder-only causal language models"
         )
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
-    kinds = _layer_types(text)
-    other = sorted(set(kinds) - ATTENTION_LAYER_TYPES)
+    other = sorted(set(_layer_types(text)) - ATTENTION_LAYER_TYPES)
+    stateful = [kind for kind in other if any(word in kind for word in _STATEFUL_WORDS)]
+    if stateful:
+        raise ModelLoadError(
+            f"architecture {name} has {', '.join(stateful)} layers: they keep recurrent or convolutional state "
+            "that Decoda's paged KV cache does not hold (only full and sliding-window attention layers are served)"
+        )
     if other:
         raise ModelLoadError(
-            f"architecture {name} has {', '.join(other)} layers: they keep recurrent or convolutional state that "
-            "Decoda's paged KV cache does not hold (only full and sliding-window attention layers are served)"
+            f"architecture {name} has {', '.join(other)} layers, which Decoda's attention does not implement (it "
+            "builds causal full and sliding-window masks only)"
         )
     state = [field for field in _STATE_FIELDS if getattr(text, field, None) is not None]
     if state:
