@@ -182,6 +182,48 @@ FAMILIES: list[Family] = [
     ),
 ]
 
+# beyond the list: more ways to arrange the same pieces
+FAMILIES += [
+    Family(
+        "cohere2",
+        _cfg(
+            "Cohere2Config",
+            **dict(_GQA, num_hidden_layers=4),
+            sliding_window=WINDOW,
+            logit_scale=0.5,
+            layer_types=["sliding_attention", "sliding_attention", "sliding_attention", "full_attention"],
+        ),
+        "sliding layers with RoPE, global layers without",
+    ),
+    Family(
+        "qwen2_moe",
+        _cfg(
+            "Qwen2MoeConfig",
+            **_GQA,
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            shared_expert_intermediate_size=64,
+        ),
+        "MoE with a shared expert",
+    ),
+    Family(
+        "olmo3",
+        _cfg("Olmo3Config", **dict(_GQA, num_hidden_layers=4), sliding_window=WINDOW),
+        "sliding layers, q/k norm",
+    ),
+    Family(
+        "exaone4",
+        _cfg("Exaone4Config", **dict(_GQA, num_hidden_layers=4), sliding_window=WINDOW, sliding_window_pattern=4),
+        "3 sliding : 1 global, post-norm",
+    ),
+    Family("glm4", _cfg("Glm4Config", **_GQA, head_dim=16), "partial rotary, sandwich norms"),
+    Family(
+        "granitemoe", _cfg("GraniteMoeConfig", **_GQA, num_local_experts=4, num_experts_per_tok=2), "MoE, multipliers"
+    ),
+    Family("olmoe", _cfg("OlmoeConfig", **_GQA, num_experts=4, num_experts_per_tok=2), "MoE, q/k norm"),
+]
+
 # refused at load, each for its reason
 REFUSED: list[Family] = [
     Family(

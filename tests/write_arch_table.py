@@ -53,7 +53,7 @@ def render() -> str:
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in FAMILIES:
         cells = ["exact" if name not in family.skip else f"not run: {family.skip[name]}" for name in COLUMNS]
-        compiled = "exact" if family.model_type in COMPILED else "not run (one family per attention variant)"
+        compiled = "greedy, contrastive exact" if family.model_type in COMPILED else "not run (one family per variant)"
         gguf = "exact" if family.model_type in GGUF_ARCH else "n/a: transformers reads no GGUF of it"
         row = [f"`{family.model_type}`", family.features, *cells, "exact", low_bit(family), gguf, compiled]
         lines.append("| " + " | ".join(row) + " |")
