@@ -33,6 +33,7 @@ GGUF_ARCH = {
     "qwen2": "qwen2",
     "qwen3": "qwen3",
     "qwen3_moe": "qwen3moe",
+    "qwen2_moe": "qwen2moe",
     "phi3": "phi3",
     "gemma2": "gemma2",
     "gemma3_text": "gemma3",
@@ -63,7 +64,7 @@ def write_gguf(model: nn.Module, arch: str, path: Path) -> int:
             continue
         weight = module.weight.detach().float()
         weight = weight.t() if isinstance(module, Conv1D) else weight  # [out, in], as GGUF stores it
-        if weight.shape[1] % 32:
+        if weight.shape[1] % 32 or weight.shape[0] == 1:  # llama.cpp keeps vectors (a shared-expert gate) float
             continue
         gguf_name = f"{names.get_name(hf_name)}.weight"
         kind = GGMLQuantizationType.Q4_0 if isinstance(module, nn.Linear | Conv1D) else GGMLQuantizationType.Q8_0
