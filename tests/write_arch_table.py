@@ -15,7 +15,7 @@ from decoding.model.registry import ModelLoadError
 from decoding.model.support import check_attention_interface, check_config
 from tests.arch_families import FAMILIES, REFUSED, Family
 from tests.test_arch_gguf import GGUF_ARCH
-from tests.test_architectures import COMPILED, STRATEGIES
+from tests.test_architectures import COMPILED, HF_EARLY_EXIT_BREAKS, STRATEGIES
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 START, END = "<!-- arch-table:start (tests/write_arch_table.py writes this) -->", "<!-- arch-table:end -->"
@@ -23,8 +23,8 @@ COLUMNS = {
     "greedy": "greedy",
     "sampling": "sampling",
     "beam": "beam",
-    "contrastive": "contrastive",
-    "dola": "DoLa",
+    "contrastive": "contrastive (4.x algorithm)",
+    "dola": "DoLa (4.x algorithm)",
     "prompt_lookup": "prompt lookup",
     "early_exit": "early exit",
 }
@@ -41,6 +41,14 @@ def refusal(family: Family) -> str:
     raise AssertionError(f"{family.model_type} is listed as refused but its config passes")
 
 
+def cell(family: Family, strategy: str) -> str:
+    if strategy in family.skip:
+        return f"not run: {family.skip[strategy]}"
+    if strategy == "early_exit" and family.model_type in HF_EARLY_EXIT_BREAKS:
+        return "exact (= greedy; HF's own raises)"
+    return "exact"
+
+
 def low_bit(family: Family) -> str:
     """int8/int4 swap linears (and Conv1D); fused 3-D expert weights keep their float type."""
     fused = any(p.dim() == 3 for p in family.build().parameters())
@@ -52,7 +60,7 @@ def render() -> str:
             "gguf", "--compile"]  # fmt: skip
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for family in FAMILIES:
-        cells = ["exact" if name not in family.skip else f"not run: {family.skip[name]}" for name in COLUMNS]
+        cells = [cell(family, name) for name in COLUMNS]
         compiled = "greedy, contrastive exact" if family.model_type in COMPILED else "not run (one family per variant)"
         gguf = "exact" if family.model_type in GGUF_ARCH else "n/a: transformers reads no GGUF of it"
         row = [f"`{family.model_type}`", family.features, *cells, "exact", low_bit(family), gguf, compiled]
