@@ -35,7 +35,11 @@ class ServedModel:
 
     name: str
     role: str = "target"  # "target" or "assistant"
-    max_model_len: int = 0
+    max_model_len: int = 0  # the context length served: prompt plus generated tokens
+    architecture: str = ""  # the transformers class, e.g. "LlamaForCausalLM"
+    model_type: str = ""  # the config's model_type, e.g. "llama"
+    dtype: str = ""  # the weights' float type (float32, bfloat16, float16)
+    quantization: str = "none"  # --quantization: none, gguf, int8, int4
 
 
 class EngineClient(ABC):

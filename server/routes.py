@@ -144,6 +144,11 @@ async def models(request: Request) -> dict:
             "owned_by": "decoda",
             "role": m.role,
             "max_model_len": m.max_model_len,
+            "context_length": m.max_model_len,
+            "architecture": m.architecture,
+            "model_type": m.model_type,
+            "dtype": m.dtype,
+            "quantization": m.quantization,
         }  # fmt: skip
         for m in client.served_models()
     ]

@@ -50,12 +50,15 @@ class EngineHarness:
         max_num_seqs: int = 16,
         max_num_batched_tokens: int = 512,
         max_model_len: int = 256,
+        served: bool = False,
         **kv_cache: object,
     ) -> None:
-        """``kv_cache``: EngineLimits' KV settings (kv_cache_blocks, block_size, prefix_caching)."""
+        """``kv_cache``: EngineLimits' KV settings (kv_cache_blocks, block_size, prefix_caching).
+        ``served``: ``model`` already is ``as_served`` (a test reusing one copy for many engines)."""
         self.outputs: dict[str, list[RequestOutput]] = {}
         limits = EngineLimits(max_model_len, max_num_seqs, max_num_batched_tokens, **kv_cache)
-        self.engine = Engine(as_served(model), tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu"))
+        served_model = model if served else as_served(model)
+        self.engine = Engine(served_model, tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu"))
 
     def _collect(self, output: RequestOutput) -> None:
         self.outputs.setdefault(output.request_id, []).append(output)

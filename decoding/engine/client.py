@@ -70,7 +70,9 @@ class WorkerEngineClient(EngineClient):
         compiler: GrammarCompiler | None = None,
         observer: EngineObserver | None = None,
         templates: ChatTemplates | None = None,
+        served_model: ServedModel | None = None,
     ) -> None:
+        """``served_model``: the target's ``/v1/models`` entry (architecture, dtype, quantization)."""
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
@@ -78,6 +80,7 @@ class WorkerEngineClient(EngineClient):
         self._max_queue = max_queue
         self._templates = templates or ChatTemplates(MODEL_TEMPLATE if has_chat_template else None)
         self._assistants = assistants or []
+        self._served_model = served_model or ServedModel(served_name, "target", facts.max_model_len)
         self._default_assistant = default_assistant
         # the model's generation_config.json values; requests override them, they override server defaults
         self.generation_defaults = dict(generation_defaults or {})
@@ -102,7 +105,7 @@ class WorkerEngineClient(EngineClient):
         return self._facts
 
     def served_models(self) -> list[ServedModel]:
-        return [ServedModel(self._served_name, "target", self._facts.max_model_len), *self._assistants]
+        return [self._served_model, *self._assistants]
 
     def is_alive(self) -> bool:
         return self.worker.alive

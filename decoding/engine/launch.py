@@ -90,13 +90,22 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_queue=config.max_queue,
         has_chat_template=loaded.has_chat_template,
         generation_defaults=loaded.generation_defaults,
-        assistants=[ServedModel(name, "assistant", built.max_model_len) for name in built.assistants],
+        served_model=_served(config.served_model_name or loaded.served_name, "target", loaded, built, config),
+        assistants=[_served(name, "assistant", built.assistants[name], built, config) for name in built.assistants],
         default_assistant=config.default_assistant,
         templates=ChatTemplates.for_model(getattr(loaded.tokenizer, "chat_template", None),
                                           _read(config.chat_template), _read(config.tool_chat_template)),  # fmt: skip
         compiler=GrammarCompiler(copy.deepcopy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
         observer=observer,
     )
+
+
+def _served(name: str, role: str, loaded: LoadedModel, built: _Built, config: EngineConfig) -> ServedModel:
+    """One ``/v1/models`` entry: what a client needs to know about the weights behind a name."""
+    return ServedModel(
+        name, role, built.max_model_len, architecture=loaded.architecture, model_type=loaded.model_type,
+        dtype=config.dtype, quantization=config.quantization,
+    )  # fmt: skip
 
 
 def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -> tuple[Engine, _Built]:

@@ -73,12 +73,15 @@ class KVPool:
         num_slots: int,
         block_size: int = DEFAULT_BLOCK_SIZE,
         prefix_caching: bool = True,
+        value_head_dim: int | None = None,
     ) -> None:
+        """``value_head_dim``: the values' head size where it differs from the keys' (MLA)."""
         shape = (num_blocks, num_kv_heads, block_size, head_dim)
+        value_shape = (num_blocks, num_kv_heads, block_size, value_head_dim or head_dim)
         # uninitialised: pages become resident as blocks are first written, and nothing reads a
         # position before its row wrote it (the gathering fallback zeroes what it masks)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
-        self.values = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.values = [torch.empty(value_shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.block_size = block_size
         self.max_model_len = max_model_len  # the longest row a caller may ask for (drafting checks it)
         self.blocks = BlockAllocator(num_blocks, prefix_caching=prefix_caching)
@@ -113,11 +116,13 @@ class KVPool:
                     raise ValueError(f"--kv-cache-memory {memory_bytes} bytes is less than one block ({per_block})")
             else:
                 num_blocks = num_slots * -(-max_model_len // block_size)
+        num_kv_heads, key_dim, value_dim = kv_shape(config)
         return cls(
             num_layers=config.num_hidden_layers,
             num_blocks=num_blocks,
-            num_kv_heads=config.num_key_value_heads,
-            head_dim=_head_dim(config),
+            num_kv_heads=num_kv_heads,
+            head_dim=key_dim,
+            value_head_dim=value_dim,
             max_model_len=max_model_len,
             dtype=dtype,
             device=device,
@@ -282,8 +287,19 @@ class KVPool:
 
 def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` positions."""
-    return 2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * block_size * dtype.itemsize
+    num_kv_heads, key_dim, value_dim = kv_shape(config)
+    return config.num_hidden_layers * num_kv_heads * (key_dim + value_dim) * block_size * dtype.itemsize
 
 
-def _head_dim(config: object) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def kv_shape(config: object) -> tuple[int, int, int]:
+    """``(num_kv_heads, key_head_dim, value_head_dim)`` a layer caches per position, from the config.
+
+    Families without grouped K/V (GPT-2, GPT-NeoX) have as many K/V heads as query heads; MLA
+    (DeepSeek V3) caches its decompressed keys (``qk_nope_head_dim + qk_rope_head_dim``) and
+    narrower values (``v_head_dim``).
+    """
+    num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    key_dim = getattr(config, "qk_head_dim", None) or head_dim
+    value_dim = getattr(config, "v_head_dim", None) or key_dim
+    return num_kv_heads, key_dim, value_dim

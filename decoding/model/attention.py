@@ -15,7 +15,11 @@ with the new keys/values, and this one:
    prefix and itself only.
 
 It matches transformers' ``sdpa_attention_forward`` numerically up to float reassociation; the
-masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers).
+masks follow ``masking_utils`` (causal; sliding window ``q - kv < window`` for local layers). What
+makes a family's attention its own comes as data with each call, never as a model name: the
+layer's ``sliding_window`` (None on global layers), Gemma 2's ``softcap``, gpt-oss's sinks
+(``s_aux``), MLA's values narrower than its keys; those without a fast kernel take
+``paged_attention.grouped_attention``, which applies them as transformers' eager attention does.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from decoding.kv.paged_attention import paged_decode
+from decoding.kv.paged_attention import grouped_attention, paged_decode
 from decoding.kv.pool import KVPool
 
 ATTENTION_NAME = "decoda"
@@ -107,9 +111,9 @@ class StepLayout:
         seg, blocks = self.multi[index], self._multi_blocks[index]
         pool, span = self.pool, seg.start + seg.length
         keys, values = pool.keys[layer][blocks], pool.values[layer][blocks]  # [n, kv_heads, block, dim]
-        kv_heads, head_dim = keys.shape[1], keys.shape[3]
-        k = keys.transpose(0, 1).reshape(1, kv_heads, -1, head_dim)[:, :, :span]
-        v = values.transpose(0, 1).reshape(1, kv_heads, -1, head_dim)[:, :, :span]
+        kv_heads = keys.shape[1]
+        k = keys.transpose(0, 1).reshape(1, kv_heads, -1, keys.shape[3])[:, :, :span]
+        v = values.transpose(0, 1).reshape(1, kv_heads, -1, values.shape[3])[:, :, :span]
         return k, v
 
     def multi_mask(self, index: int, sliding_window: int | None) -> torch.Tensor:
@@ -151,11 +155,20 @@ def active_layout(layout: StepLayout) -> Iterator[None]:
 
 @torch.library.custom_op("decoda::packed_attention", mutates_args=())
 def packed_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, layer: int, scaling: float, sliding_window: int
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    layer: int,
+    scaling: float,
+    sliding_window: int,
+    softcap: float,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 means none)."""
+    """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 and ``softcap`` 0 mean none)."""
     window = None if sliding_window < 0 else sliding_window
-    return _attend(_current_layout(), layer, query, key, value, scaling, window)
+    # contiguous, as the fake promises (the compiled graph asserts strides): SDPA's output already is
+    # once transposed, the soft-cap/sink/MLA path's is not
+    return _attend(_current_layout(), layer, query, key, value, scaling, window, softcap or None, sinks).contiguous()
 
 
 def _current_layout() -> StepLayout:
@@ -166,30 +179,37 @@ def _current_layout() -> StepLayout:
 
 
 @packed_attention.register_fake
-def _packed_attention_shape(query, key, value, layer, scaling, sliding_window):  # noqa: ANN001, ANN202
-    return query.new_empty((1, query.shape[2], query.shape[1], query.shape[3]))
+def _packed_attention_shape(query, key, value, layer, scaling, sliding_window, softcap, sinks):  # noqa: ANN001, ANN202
+    return query.new_empty((1, query.shape[2], query.shape[1], value.shape[3]))
 
 
 def decoda_attention(
     module: torch.nn.Module,
     query: torch.Tensor,  # [1, num_heads, num_tokens, head_dim]
     key: torch.Tensor,  # [1, num_kv_heads, num_tokens, head_dim]
-    value: torch.Tensor,  # [1, num_kv_heads, num_tokens, head_dim]
+    value: torch.Tensor,  # [1, num_kv_heads, num_tokens, value_dim] (value_dim < head_dim for MLA)
     attention_mask: torch.Tensor | None,
     scaling: float | None = None,
     dropout: float = 0.0,
     sliding_window: int | None = None,
+    softcap: float | None = None,
+    s_aux: torch.Tensor | None = None,
     **kwargs: object,
 ) -> tuple[torch.Tensor, None]:
-    """The function transformers calls for ``attn_implementation="decoda"``."""
-    if kwargs.get("softcap") is not None:
-        raise ValueError("attention logit soft-capping is not supported by decoda attention")
+    """The function transformers calls for ``attn_implementation="decoda"``.
+
+    What makes one family's attention differ from another's arrives here as data the model's
+    attention module passes: ``sliding_window`` per layer (None on a global layer), ``softcap``
+    (Gemma 2's attention logit soft-capping), ``s_aux`` (gpt-oss's per-head attention sinks), and
+    the K/V tensors' own head sizes (MLA's values are narrower than its keys).
+    """
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layout = kwargs.get(LAYOUT_KWARG)
     if layout is not None:  # eager: the layout came with the call, no custom-op dispatch (~0.1 ms a layer)
-        return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window), None
+        return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
     window = -1 if sliding_window is None else int(sliding_window)
-    return packed_attention(query, key, value, module.layer_idx, float(scale), window), None
+    cap = 0.0 if softcap is None else float(softcap)
+    return packed_attention(query, key, value, module.layer_idx, float(scale), window, cap, s_aux), None
 
 
 def _attend(
@@ -200,6 +220,8 @@ def _attend(
     value: torch.Tensor,
     scaling: float,
     sliding_window: int | None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     pool = layout.pool
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
@@ -214,17 +236,20 @@ def _attend(
         q = query[0, :, :num_decode].transpose(0, 1)  # [num_decode, num_heads, head_dim]
         out = paged_decode(
             q, layer_keys, layer_values, layout.decode_tables, layout.decode_lengths,
-            layout.decode_firsts(sliding_window), scaling,
+            layout.decode_firsts(sliding_window), scaling, softcap, sinks,
         )  # fmt: skip
         outputs.append(out)  # [num_decode, num_heads, head_dim]
     offset = num_decode
+    plain = softcap is None and sinks is None and key.shape[-1] == value.shape[-1]
     for index, seg in enumerate(layout.multi):
         q = query[:, :, offset : offset + seg.length]  # [1, num_heads, length, head_dim]
         k, v = layout.multi_kv(index, layer)
-        # PyTorch's flash kernel: 1.1x to 3x faster than paged_attention.grouped_attention for many float32 queries
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=layout.multi_mask(index, sliding_window), scale=scaling, enable_gqa=gqa
-        )
+        mask = layout.multi_mask(index, sliding_window)
+        if plain:  # PyTorch's flash kernel: 1.1x to 3x faster than grouped_attention for many float32 queries
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+        else:  # soft-capping, sinks or narrower values: what SDPA cannot express
+            bias = torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_fill_(~mask, float("-inf"))
+            out = grouped_attention(q, k, v, bias[None, None], scaling, softcap, sinks)
         outputs.append(out[0].transpose(0, 1))  # [length, num_heads, head_dim]
         offset += seg.length
     attn = torch.cat(outputs, dim=0) if len(outputs) > 1 else outputs[0]

@@ -22,13 +22,15 @@ from collections.abc import Callable
 import torch
 import torch._dynamo
 
+from decoding.model.anatomy import decoder_layers
+
 COMPILED_MARK = "_decoda_compiled_layers"
 
 
 def compile_layers(model: torch.nn.Module, backend: str | Callable = "inductor") -> int:
     """Compile each decoder layer in place (dynamic shapes); returns how many."""
     torch._dynamo.config.allow_unspec_int_on_nn_module = True  # layer_idx: one graph, not one per layer
-    layers = model.get_decoder().layers
+    layers = decoder_layers(model)
     for layer in layers:  # the forward, not the module call: hooks (DoLa's capture, early exit) stay eager
         layer.forward = torch.compile(layer.forward, dynamic=True, backend=backend)
     setattr(model, COMPILED_MARK, True)

@@ -19,8 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
+from decoding.model.attention import ATTENTION_NAME
 from decoding.model.gguf_cache import assemble, cache_key, converted_folder, made
 from decoding.model.quantization import quantize_model
 from decoding.model.registry import (
@@ -31,6 +32,7 @@ from decoding.model.registry import (
     expected_sha256,
     gguf_parts,
 )
+from decoding.model.support import check_attention_interface, check_config, check_model
 from decoding.params.model_defaults import log_generation_defaults, split_generation_defaults
 
 logger = logging.getLogger(__name__)
@@ -64,6 +66,8 @@ class LoadedModel:
     generation_defaults: dict[str, Any]  # generation_config.json knobs used as request defaults (model_defaults)
     max_position_embeddings: int
     has_chat_template: bool
+    architecture: str = ""  # the transformers class served, e.g. "Gemma2ForCausalLM"
+    model_type: str = ""  # its config's model_type, e.g. "gemma2"
 
 
 def load_model(
@@ -117,6 +121,8 @@ def load_model(
         raise ModelLoadError(f"could not load model {name_or_path!r}: {error}") from error
     model.to(device)
     model.eval()
+    if attn_implementation == ATTENTION_NAME:
+        check_model(model, ATTENTION_NAME)
     return _describe(model, tokenizer, served_name)
 
 
@@ -174,6 +180,10 @@ def _packaged_gguf(packaged: PackagedModel, cache_root: Path) -> Path:
 
 
 def _load_folder(folder: Path | str, options: dict[str, Any], **hub: Any) -> tuple[Any, Any]:
+    config = AutoConfig.from_pretrained(str(folder), **hub)
+    check_config(config)  # refuse before reading the weights
+    if options.get("attn_implementation") == ATTENTION_NAME:
+        check_attention_interface(config)
     model = AutoModelForCausalLM.from_pretrained(str(folder), **options, **hub)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **hub)
     return model, tokenizer
@@ -236,6 +246,8 @@ def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) 
         generation_defaults=defaults,
         max_position_embeddings=max_positions,
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
+        architecture=type(model).__name__,
+        model_type=str(getattr(config, "model_type", "")),
     )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decoding.kv.pool import KVPool
+from decoding.model.anatomy import decoder_layers, final_norm
 from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.model.compile import is_compiled
 
@@ -49,8 +50,9 @@ class ModelRunner:
         self.model = model
         self.pool = pool
         self.device = device
-        self.decoder = model.get_decoder()
-        self.num_layers = len(self.decoder.layers)
+        self.layers = decoder_layers(model)
+        self.norm = final_norm(model)
+        self.num_layers = len(self.layers)
         self.compiled = is_compiled(model)
 
     @torch.inference_mode()
@@ -92,11 +94,11 @@ class ModelRunner:
                 context.enter_context(self._capture(layer, captured))
             if num_layers is not None and num_layers < self.num_layers:
                 context.enter_context(self._exit_after(num_layers - 1))
-            kwargs = {}
-            if self.compiled:
-                context.enter_context(active_layout(layout))
-            else:
-                kwargs[LAYOUT_KWARG] = layout
+            # beside the call always: compiled layers read it there, and so do the attention modules
+            # of families that do not pass their keyword arguments down (StableLM); eager ones that
+            # do get it as an argument, which skips the custom op's dispatch
+            context.enter_context(active_layout(layout))
+            kwargs = {} if self.compiled else {LAYOUT_KWARG: layout}
             try:
                 out_logits = self.model(
                     input_ids=input_ids,
@@ -120,12 +122,19 @@ class ModelRunner:
         def stop(module, args, output):  # noqa: ANN001, ANN202
             raise _ExitReached(output[0] if isinstance(output, tuple) else output)
 
-        return _Removable(self.decoder.layers[layer].register_forward_hook(stop))
+        return _Removable(self.layers[layer].register_forward_hook(stop))
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
-        """The final norm and LM head on hidden states that stopped early (``[1, kept, hidden]``)."""
-        logits = self.model.get_output_embeddings()(self.decoder.norm(hidden))
-        cap = getattr(self.model.config.get_text_config(), "final_logit_softcapping", None)
+        """The final norm and LM head on hidden states that stopped early (``[1, kept, hidden]``), with
+        the logit scaling the config declares (Cohere's ``logit_scale``, Granite's ``logits_scaling``,
+        Gemma 2's ``final_logit_softcapping``); it only shapes drafts, the full forward verifies them."""
+        config = self.model.config.get_text_config()
+        logits = self.model.get_output_embeddings()(self.norm(hidden))
+        if getattr(config, "logit_scale", None) is not None:
+            logits = logits * config.logit_scale
+        if getattr(config, "logits_scaling", None) is not None:
+            logits = logits / config.logits_scaling
+        cap = getattr(config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
         return logits
@@ -141,12 +150,12 @@ class ModelRunner:
             def after_norm(module, args, output):  # noqa: ANN001, ANN202
                 into[layer] = output
 
-            return _Removable(self.decoder.norm.register_forward_hook(after_norm))
+            return _Removable(self.norm.register_forward_hook(after_norm))
 
         def before_layer(module, args, kwargs):  # noqa: ANN001, ANN202
             into[layer] = args[0] if args else kwargs["hidden_states"]
 
-        return _Removable(self.decoder.layers[layer].register_forward_pre_hook(before_layer, with_kwargs=True))
+        return _Removable(self.layers[layer].register_forward_pre_hook(before_layer, with_kwargs=True))
 
 
 class _Removable:

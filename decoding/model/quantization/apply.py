@@ -8,7 +8,11 @@ Modes (vLLM's flag name and values where they exist):
   is refused at load, naming the tensor and the type.
 * ``int8``: every linear, the embedding and the LM head, int8 per output channel.
 * ``int4``: every linear int4 per 32-column group (asymmetric); the embedding and the LM head
-  int8 per channel (they set every logit, and a 4-bit LM head costs most of the quality).
+  int8 per channel (they set every logit, and a 4-bit LM head costs most of the quality), and
+  so is a linear whose input width is not a multiple of 32.
+
+``nn.Linear`` and GPT-2's ``Conv1D`` (the same product, weight stored transposed) are swapped;
+transformers 5 keeps a MoE layer's experts as fused 3-D parameters, and those stay float.
 
 A tied embedding and LM head become one matrix used both ways (``modules``). After the swap the
 float weights are dropped and freed memory is handed back to the OS, so the resident size is the
@@ -23,12 +27,13 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from transformers.pytorch_utils import Conv1D
 
 from decoding.model.packed_linear import own_remaining_tensors
 from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
-from decoding.model.quantization.weight_only import quantize_int4, quantize_int8
+from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +62,10 @@ class _Source:
             kind = f"gguf {self.gguf.block_type(name).name}"  # type: ignore[union-attr]
             return Int4Matrix(codes, lookup=lookup), kind
         if self.mode == "int4" and not lookup:
-            return Int4Matrix(quantize_int4(weight)), "int4 g32"
+            if weight.shape[1] % INT4_GROUP == 0:
+                return Int4Matrix(quantize_int4(weight)), "int4 g32"
+            # a width no group size divides (DeepSeek's tiny test ranks): int8 rather than a refusal
+            return quantize_int8(weight), f"int8 per-channel (in_features not a multiple of {INT4_GROUP})"
         return quantize_int8(weight), "int8 per-channel"
 
     def close(self) -> None:
@@ -89,8 +97,12 @@ def quantize_model(model: nn.Module, mode: str, *, gguf_path: Path | None = None
                 _swap_linear(model, names[id(head)], head, source, kinds)
         skip = {id(embedding), id(head)}
         for name, module in list(model.named_modules()):
-            if type(module) is nn.Linear and id(module) not in skip:
+            if id(module) in skip:
+                continue
+            if type(module) is nn.Linear:
                 _swap_linear(model, name, module, source, kinds)
+            elif type(module) is Conv1D:  # GPT-2's projections: a linear whose weight is stored [in, out]
+                _swap_linear(model, name, module, source, kinds, weight=module.weight.t())
     finally:
         source.close()
     own_remaining_tensors(model)  # frees the float checkpoint's file mapping and the heap it left
@@ -113,8 +125,12 @@ def _swap_embedding(model: nn.Module, embedding: nn.Module, name: str, source: _
     return matrix, kind  # type: ignore[return-value]
 
 
-def _swap_linear(model: nn.Module, name: str, linear: nn.Linear, source: _Source, kinds: Counter[str]) -> None:
-    built = source.matrix(f"{name}.weight", linear.weight, lookup=False)
+def _swap_linear(
+    model: nn.Module, name: str, linear: nn.Module, source: _Source, kinds: Counter[str],
+    weight: torch.Tensor | None = None,
+) -> None:  # fmt: skip
+    """``weight``: the ``[out, in]`` matrix when the module stores it otherwise (``Conv1D``)."""
+    built = source.matrix(f"{name}.weight", linear.weight if weight is None else weight, lookup=False)
     if built is None:
         return
     matrix, kind = built

@@ -34,7 +34,8 @@ class GgufWeights:
         architecture = bytes(field.parts[field.data[0]]).decode()
         config: dict[str, Any] = model.config.get_text_config().to_dict()
         self.processor: TensorProcessor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
-        gguf_to_hf = _name_map(model, architecture, config)
+        # the attribute, not the dict: GPT-2's config stores it as ``n_layer``
+        gguf_to_hf = _name_map(model, architecture, model.config.get_text_config().num_hidden_layers)
         self.tensors: dict[str, ReaderTensor] = {
             gguf_to_hf[t.name]: t for t in self.reader.tensors if t.name in gguf_to_hf
         }
@@ -64,7 +65,11 @@ class GgufWeights:
     def _row_order(self, gguf_name: str, num_rows: int) -> np.ndarray | None:
         """The processor's reordering of this tensor's rows, or None when it keeps them."""
         rows = np.arange(num_rows, dtype=np.float64).reshape(num_rows, 1)
-        processed = np.asarray(self.processor.process(rows, gguf_name).weights)
+        # a scratch ``parsed_parameters``: GPT-2's processor files its LM head there instead of returning it
+        processed = np.asarray(self.processor.process(rows, gguf_name, parsed_parameters={"tensors": {}}).weights)
+        if processed.shape == (1, num_rows):
+            # transposed into a Conv1D's [in, out] (GPT-2); the quantized layer takes the file's [out, in]
+            return None
         if processed.shape != rows.shape or not np.array_equal(np.sort(processed[:, 0]), rows[:, 0]):
             raise ValueError(
                 f"{gguf_name}: transformers transforms this tensor beyond reordering its rows, which "
@@ -79,12 +84,12 @@ class GgufWeights:
         self.reader = None  # type: ignore[assignment]
 
 
-def _name_map(model: torch.nn.Module, architecture: str, config: dict[str, Any]) -> dict[str, str]:
+def _name_map(model: torch.nn.Module, architecture: str, num_layers: int) -> dict[str, str]:
     """GGUF tensor name → transformers parameter name, for the parameters the file's map knows."""
     arch = next((key for key, value in MODEL_ARCH_NAMES.items() if value == architecture), None)
     if arch is None:
         raise ValueError(f"GGUF architecture {architecture!r} is unknown to the installed gguf package")
-    names = get_tensor_name_map(arch, int(config.get("num_hidden_layers") or 0))
+    names = get_tensor_name_map(arch, int(num_layers or 0))
     mapping: dict[str, str] = {}
     for hf_name, _ in model.named_parameters(remove_duplicate=False):
         stem, _, suffix = hf_name.rpartition(".")

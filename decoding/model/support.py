@@ -1,0 +1,173 @@
+"""Which transformers models Decoda can serve, decided at load: refused with a reason, never wrong.
+
+Decoda keeps a model's state in its paged KV cache and nowhere else, and runs attention itself
+(``attention.decoda_attention``). So a model is servable when every layer's only state is K/V and
+every layer's attention goes through transformers' ``AttentionInterface``. Two checks:
+
+1. ``check_config``, before any weight is read: encoder-decoder models, and models whose layers
+   keep recurrent or convolutional state (Mamba, Jamba, Falcon-H1, Qwen3-Next, LFM2, ...: layer
+   types other than full or sliding attention, or a state size), are refused naming the
+   architecture and the reason.
+2. ``check_model``, on the loaded model: its attention must have switched to Decoda's (Falcon's
+   does not use the interface), each layer must call it once per forward, and a short prompt run
+   through the paged cache (one prefill chunk, then a decode step) must give the logits the same
+   model gives with transformers' eager attention. That catches what no config field says:
+   position information smuggled through the attention mask (ALiBi), masks Decoda does not build
+   (chunked, bidirectional), a layer whose attention bypasses the interface.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers import AttentionInterface, AutoModelForCausalLM
+
+from decoding.kv.pool import KVPool
+from decoding.model.registry import ModelLoadError
+from decoding.model.runner import ModelRunner, RowInput
+
+ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
+# config fields that only a layer with recurrent or convolutional state has
+_STATE_FIELDS = ("ssm_state_size", "mamba_d_state", "state_size", "linear_num_value_heads", "conv_L_cache")
+# layer kinds (``layer_types``) whose layers carry state from token to token
+_STATEFUL_WORDS = ("mamba", "linear", "conv", "recurrent", "hybrid", "ssm", "rwkv", "delta")
+_PROBE_TOKENS = 7
+# max |ours - eager| over the probe's logits, relative to their largest magnitude, by dtype
+_TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
+
+
+def architecture(config: Any) -> str:
+    """The name users know a config by: its ``model_type`` and, where set, its class name."""
+    names = getattr(config, "architectures", None) or []
+    model_type = getattr(config, "model_type", "") or type(config).__name__
+    return f"{model_type} ({names[0]})" if names else model_type
+
+
+def check_config(config: Any) -> None:
+    """Refuse, before loading weights, what the paged KV cache cannot hold."""
+    name = architecture(config)
+    if getattr(config, "is_encoder_decoder", False):
+        raise ModelLoadError(
+            f"architecture {name} is an encoder-decoder model; Decoda serves decoder-only causal language models"
+        )
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    other = sorted(set(_layer_types(text)) - ATTENTION_LAYER_TYPES)
+    stateful = [kind for kind in other if any(word in kind for word in _STATEFUL_WORDS)]
+    if stateful:
+        raise ModelLoadError(
+            f"architecture {name} has {', '.join(stateful)} layers: they keep recurrent or convolutional state "
+            "that Decoda's paged KV cache does not hold (only full and sliding-window attention layers are served)"
+        )
+    if other:
+        raise ModelLoadError(
+            f"architecture {name} has {', '.join(other)} layers, which Decoda's attention does not implement (it "
+            "builds causal full and sliding-window masks only)"
+        )
+    state = [field for field in _STATE_FIELDS if getattr(text, field, None) is not None]
+    if state:
+        raise ModelLoadError(
+            f"architecture {name} keeps recurrent state ({', '.join(state)} in its config) that Decoda's paged KV "
+            "cache does not hold; only attention-only decoders are served"
+        )
+
+
+def check_attention_interface(config: Any) -> None:
+    """Refuse, before loading weights, a causal LM class whose attention ignores ``AttentionInterface``
+    (Falcon picks eager/SDPA/flash itself): it would never call Decoda's attention."""
+    mapping = AutoModelForCausalLM._model_mapping
+    if type(config) not in mapping:
+        return  # remote code or an unknown class: from_pretrained and check_model decide
+    model_class = mapping[type(config)]
+    if not model_class._can_set_attn_implementation():
+        raise ModelLoadError(
+            f"architecture {config.model_type} ({model_class.__name__}) does not route its attention through "
+            "transformers' AttentionInterface, so Decoda's paged attention and KV cache cannot run it"
+        )
+
+
+def _layer_types(config: Any) -> list[str]:
+    for field in ("layer_types", "layers_block_type", "block_types"):
+        value = getattr(config, field, None)
+        if isinstance(value, list | tuple):
+            return [str(kind) for kind in value]
+    return []
+
+
+def check_model(model: torch.nn.Module, attention_name: str) -> None:
+    """Refuse a loaded model whose forward through Decoda's attention is not transformers' own."""
+    config = model.config.get_text_config()
+    name = architecture(model.config)
+    if getattr(model.config, "_attn_implementation", None) != attention_name:
+        raise ModelLoadError(
+            f"architecture {name} does not route its attention through transformers' AttentionInterface, so "
+            "Decoda's paged attention cannot run it"
+        )
+    try:
+        calls, ours = _probe(model, attention_name, config.vocab_size)
+    except ModelLoadError:
+        raise
+    except Exception as error:  # a family the runner cannot drive at all
+        raise ModelLoadError(f"architecture {name} cannot run on Decoda's paged attention: {error}") from error
+    layers = config.num_hidden_layers
+    if sorted(calls) != sorted(list(range(layers)) * 2):  # each layer once in each of the two forwards
+        raise ModelLoadError(
+            f"architecture {name}: Decoda's attention ran for layers {sorted(set(calls))} of {layers}; a layer "
+            "that keeps state outside the KV cache or attends some other way cannot be served"
+        )
+    reference, by_prefix = _eager_logits(model, attention_name, config.vocab_size)
+    scale = reference.abs().max().clamp(min=1e-6)
+    error = float((ours - reference).abs().max() / scale)
+    # low-bit kernels round differently for different numbers of rows: the model's own eager forward
+    # moves by ``noise`` between one whole sequence and its prefixes, and ours may move as much
+    noise = float((by_prefix - reference).abs().max() / scale)
+    tolerance = max(_TOLERANCE.get(next(model.parameters()).dtype, 1e-3), 4 * noise)
+    if not error <= tolerance:
+        raise ModelLoadError(
+            f"architecture {name} gives different logits through Decoda's paged attention than through "
+            f"transformers' eager attention (relative error {error:.2g}); it needs attention Decoda does not "
+            "implement (for example ALiBi or a chunked or bidirectional mask)"
+        )
+
+
+def _probe_ids(vocab_size: int) -> list[int]:
+    return [(7 * i + 3) % vocab_size for i in range(_PROBE_TOKENS)]
+
+
+@torch.inference_mode()
+def _probe(model: torch.nn.Module, attention_name: str, vocab_size: int) -> tuple[list[int], torch.Tensor]:
+    """Layer indices Decoda's attention saw, and the probe's logits: a prefill chunk, then one decode step."""
+    device = next(model.parameters()).device
+    ids = _probe_ids(vocab_size)
+    pool = KVPool.for_model(model, num_slots=1, max_model_len=_PROBE_TOKENS, device=device, block_size=4)
+    runner = ModelRunner(model, pool, device)
+    slot = pool.allocate()
+    calls: list[int] = []
+    original = AttentionInterface._global_mapping[attention_name]
+
+    def counting(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        calls.append(module.layer_idx)
+        return original(module, *args, **kwargs)
+
+    AttentionInterface.register(attention_name, counting)
+    try:
+        first = runner.forward([RowInput(slot, 0, ids[:-1], 0)])[0]
+        last = runner.forward([RowInput(slot, len(ids) - 1, ids[-1:], 0)])[0]
+    finally:
+        AttentionInterface.register(attention_name, original)
+    return calls, torch.cat([first, last])
+
+
+@torch.inference_mode()
+def _eager_logits(model: torch.nn.Module, attention_name: str, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The probe's logits through transformers' eager attention: the whole sequence in one forward, and
+    each position as the last of its own prefix (how far the model's numerics move with the shape)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([_probe_ids(vocab_size)], device=device)
+    model.set_attn_implementation("eager")
+    try:
+        whole = model(input_ids=ids, use_cache=False).logits[0].float()
+        last = [model(input_ids=ids[:, : i + 1], use_cache=False).logits[0, -1:].float() for i in range(ids.shape[1])]
+        return whole, torch.cat(last)
+    finally:
+        model.set_attn_implementation(attention_name)
