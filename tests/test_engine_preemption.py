@@ -105,3 +105,23 @@ def test_the_start_up_check_counts_a_row_per_sequence_not_one_row(model):
         kv_pool_for(model, limits, torch.device("cpu"))
     roomier = EngineLimits(max_model_len=256, max_num_seqs=16, max_num_batched_tokens=512, kv_cache_blocks=32)
     assert kv_pool_for(model, roomier, torch.device("cpu")).blocks.num_blocks == 32
+
+
+def test_an_mla_model_preempted_resumes_token_for_token(smollm2_tokenizer):
+    """DeepSeek V3 caches values narrower than keys: a swap copies the two apart."""
+    from tests.arch_families import BY_TYPE
+    from tests.arch_families import VOCAB as TINY_VOCAB
+
+    mla = BY_TYPE["deepseek_v3"].build(seed=0)
+    rng = random.Random(5)
+    long_prompt = [rng.randrange(3, TINY_VOCAB) for _ in range(170)]
+    roomy = EngineHarness(mla, smollm2_tokenizer, [EOS], max_num_seqs=20, max_model_len=256)
+    tight = EngineHarness(mla, smollm2_tokenizer, [EOS], **POOL)
+    for harness in (roomy, tight):
+        harness.add("running", long_prompt[:8], RUNNING)
+        harness.add("long", long_prompt, LONG)
+    run_until_preempted(tight)
+    for harness in (roomy, tight):
+        harness.run()
+    for request_id in ("running", "long"):
+        assert all_choices(tight, request_id, 8) == all_choices(roomy, request_id, 8), request_id

@@ -200,9 +200,10 @@ def test_a_beam_step_copies_no_shared_prefix(model, tok):
     assert harness.engine.pool.num_copied_blocks <= 4 * 10
 
 
-def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared():
+@pytest.mark.parametrize("value_head_dim", [None, 3], ids=["mha", "mla-narrower-values"])
+def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared(value_head_dim):
     pool = KVPool(num_layers=2, num_blocks=12, num_kv_heads=2, head_dim=4, max_model_len=64, dtype=torch.float32,
-                  device="cpu", num_slots=4, block_size=16)  # fmt: skip
+                  device="cpu", num_slots=4, block_size=16, value_head_dim=value_head_dim)  # fmt: skip
     for layer in pool.keys + pool.values:
         layer.copy_(torch.randn(layer.shape))
     pool.prepare(0, 0, 40)  # a 40-token prompt: 3 blocks, the last one partial
@@ -212,7 +213,7 @@ def test_swapping_rows_out_and_in_keeps_their_shared_blocks_shared():
         pool.prepare(slot, 40, 41)
 
     def contents() -> list[torch.Tensor]:
-        return [torch.stack([k[pool.tables[s]] for k in pool.keys + pool.values]) for s in range(4)]
+        return [layer[pool.tables[s]] for s in range(4) for layer in pool.keys + pool.values]
 
     before, held = contents(), pool.blocks.num_used
     swapped = pool.swap_out([0, 1, 2, 3])

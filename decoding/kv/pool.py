@@ -34,21 +34,25 @@ class SwappedRows:
     """A preempted request's K/V held outside the pool until it resumes.
 
     Its rows share blocks (n > 1 rows share the prompt, beams their common past, a guidance twin
-    nothing): each distinct block is copied once into ``data`` (``[layers, 2, blocks, ...]``) and
-    ``tables`` maps each row to the copies it held, in order, so the host copy and the blocks it
-    needs to resume are what the request held, not one prompt per row.
+    nothing): each distinct block is copied once into ``keys`` and ``values`` (``[layers, blocks,
+    ...]`` each: apart, because MLA families cache values narrower than keys) and ``tables`` maps
+    each row to the copies it held, in order, so the host copy and the blocks it needs to resume are
+    what the request held, not one prompt per row.
     """
 
-    data: torch.Tensor | None
-    tables: dict[int, list[int]]  # slot -> indices into data's block axis
+    keys: torch.Tensor | None
+    values: torch.Tensor | None
+    tables: dict[int, list[int]]  # slot -> indices into the copies' block axis
 
     @property
     def num_blocks(self) -> int:
-        return 0 if self.data is None else self.data.shape[2]
+        return 0 if self.keys is None else self.keys.shape[1]
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.data is None else self.data.numel() * self.data.element_size()
+        if self.keys is None or self.values is None:
+            return 0
+        return sum(copy.numel() * copy.element_size() for copy in (self.keys, self.values))
 
 
 @dataclass
@@ -258,13 +262,14 @@ class KVPool:
         request is preempted)."""
         distinct: dict[int, int] = {}  # block -> its index in the copy, in first-seen order
         tables = {slot: [distinct.setdefault(block, len(distinct)) for block in self.tables[slot]] for slot in slots}
-        data = None
+        keys = values = None
         if distinct:
             index = torch.tensor(list(distinct), dtype=torch.long, device=self.keys[0].device)
-            data = torch.stack([torch.stack([k[index], v[index]]) for k, v in zip(self.keys, self.values, strict=True)])
+            keys = torch.stack([layer_keys[index] for layer_keys in self.keys])
+            values = torch.stack([layer_values[index] for layer_values in self.values])
         for slot in slots:
             self.truncate(slot, 0)
-        return SwappedRows(data, tables)
+        return SwappedRows(keys, values, tables)
 
     def swap_in(self, swapped: SwappedRows) -> None:
         """Put a preempted request's K/V back: one fresh block per copy (``swapped.num_blocks`` must be
@@ -281,8 +286,8 @@ class KVPool:
         if fresh:
             index = torch.tensor(fresh, dtype=torch.long, device=self.keys[0].device)
             for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
-                k[index] = swapped.data[layer, 0]
-                v[index] = swapped.data[layer, 1]
+                k[index] = swapped.keys[layer]
+                v[index] = swapped.values[layer]
 
 
 def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
