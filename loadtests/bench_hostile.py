@@ -25,7 +25,7 @@ import threading
 
 import httpx
 
-from loadtests.compare import local_decoda
+from loadtests.compare import cpu_summary, local_decoda
 from loadtests.loadgen import build_parser as loadgen_parser
 from loadtests.loadgen import run_load
 
@@ -93,7 +93,7 @@ def main() -> None:
     parser.add_argument("--hostile-n", type=int, default=4, help="rows of the hostile request")
     args = parser.parse_args()
     body = hostile_body(args.hostile_n, args.max_tokens)
-    print(f"hostile body: {len(json.dumps(body)) / 1e6:.2f} MB, n={args.hostile_n}", flush=True)
+    print(f"CPU: {cpu_summary()}\nhostile body: {len(json.dumps(body)) / 1e6:.2f} MB, n={args.hostile_n}", flush=True)
     results: dict[str, list[float]] = {"alone": [], "beside hostile": []}
     with local_decoda(["--max-num-seqs", str(args.concurrency + args.hostile_n), "--max-model-len", "1024"]) as (
         url, _

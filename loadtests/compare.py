@@ -2,7 +2,7 @@
 
 Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
 - Decoda serving the embedded SmolLM2-135M-Instruct, once per ``--decoda-modes`` entry: float32
-  (the default), bfloat16, a ``--quantization`` mode (gguf, int8, int4), or gguf+compile;
+  (the default), bfloat16, auto (``--dtype auto``), a ``--quantization`` mode (gguf, int8, int4), or gguf+compile;
 - ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
 - llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
   runs quantized (the others run the dequantized float32 weights), in its own virtualenv: the
@@ -56,6 +56,7 @@ DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batc
 DECODA_MODES = {  # --decoda-modes entry: Decoda's flags for it
     "float32": [],
     "bfloat16": ["--dtype", "bfloat16"],
+    "auto": ["--dtype", "auto"],  # bfloat16 where the CPU has bf16 dot products, float32 elsewhere
     "gguf": ["--quantization", "gguf"],
     "int8": ["--quantization", "int8"],
     "int4": ["--quantization", "int4"],
@@ -77,6 +78,25 @@ def resident_mb(pid: int) -> float | None:
     except OSError:
         return None
     return None
+
+
+MATTERING_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_bf16", "amx_int8")
+
+
+def cpu_summary() -> str:
+    """The CPU's model name and the instruction sets the kernels choose by: speed figures mean little without them."""
+    model, flags = "unknown CPU", set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "model name":
+                model = value.strip()
+            elif key.strip() == "flags":
+                flags = set(value.split())
+    except OSError:
+        pass
+    present = [flag for flag in MATTERING_FLAGS if flag in flags]
+    return f"{model}, {os.cpu_count()} cores; {', '.join(present) or 'none of ' + ', '.join(MATTERING_FLAGS)}"
 
 
 def free_port() -> int:
@@ -316,8 +336,9 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
     lines = [
         "# Decoda vs peers: same model, same load",
         "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (2 CPU cores, no GPU) with",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (no GPU) with",
         f"`{command}`.",
+        f"CPU: {cpu_summary()}.",
         "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
         "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
         "tokens/req shows what each server generated). Decoda (unless a mode is named) and transformers serve",

@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 
 from loadtests.bench_hostile import hostile_body
-from loadtests.compare import local_decoda
+from loadtests.compare import cpu_summary, local_decoda
 
 PROMPTS = ["Write a short story about a lighthouse keeper.", "Explain how a bicycle works.",
            "List three facts about the moon.", "def fibonacci(n):", "The capital of France is"]  # fmt: skip
@@ -114,6 +114,7 @@ async def soak(url: str, pid: int, args: argparse.Namespace) -> tuple[Tally, lis
                  for i in range(args.clients)]  # fmt: skip
         tasks.append(asyncio.create_task(hostile_loop(http, url, tally, deadline)))
         started, last_tokens = time.monotonic(), 0
+        print(f"CPU: {cpu_summary()}")
         print("| minute | tok/s | RSS MB | running | waiting | KV usage |\n|---:|---:|---:|---:|---:|---:|", flush=True)
         while not all(t.done() for t in tasks):
             await asyncio.sleep(args.interval)
