@@ -41,6 +41,8 @@ MODES = {  # name: (dtype, quantization, --compile)
     "int4": ("float32", "int4", False),
     "float32+compile": ("float32", "none", True),
     "gguf+compile": ("float32", "gguf", True),
+    "gguf+bfloat16": ("bfloat16", "gguf", False),
+    "gguf+bfloat16+compile": ("bfloat16", "gguf", True),
 }
 DEFAULT_MODES = "float32,bfloat16,gguf,int8,int4"
 PROMPTS = [

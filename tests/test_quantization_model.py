@@ -173,3 +173,16 @@ def test_server_settings_accept_exactly_the_engine_modes():
     assert load_settings(environ={"DECODA_QUANTIZATION": "gguf"}).engine_config().quantization == "gguf"
     with pytest.raises(ValueError, match="quantization must be one of none, gguf, int8, int4, got 'int3'"):
         load_settings(environ={"DECODA_QUANTIZATION": "int3"})
+
+
+def test_the_embedded_gguf_serves_in_bfloat16():
+    """``--quantization gguf --dtype auto`` on a bf16 CPU: the load check's bfloat16 logits differ from
+    eager attention's by ~7% of the largest logit, as transformers' own SDPA does; it was refused."""
+    from decoding.model.attention import ATTENTION_NAME, register_attention
+    from decoding.model.loading import load_model
+
+    loaded = load_model(
+        "smollm2-135m-instruct", dtype="bfloat16", quantization="gguf", attn_implementation=register_attention()
+    )
+    assert loaded.model.config._attn_implementation == ATTENTION_NAME
+    assert next(loaded.model.parameters()).dtype == torch.bfloat16
