@@ -227,12 +227,14 @@ def measure(
 ) -> list[dict]:
     url = f"http://127.0.0.1:{port}"
     log = open(log_dir / f"{name.split()[0].replace('@', '-at-').replace('/', '-')}.log", "w")  # noqa: SIM115
+    started = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     rows = []
     try:
         problem = wait_ready(url, proc, args.start_timeout)
         if problem:
             return [{"server": name, "problem": problem}]
+        ready_s = time.monotonic() - started  # process start to /health 200: what a user waits
         for concurrency in args.concurrency_list:
             load = loadgen_parser().parse_args(
                 ["--url", url, "--concurrency", str(concurrency),
@@ -248,6 +250,7 @@ def measure(
             summary = asyncio.run(run_load(load))
             summary["server"] = name
             summary["resident_mb"] = resident_mb(proc.pid)
+            summary["ready_s"] = ready_s
             rows.append(summary)
             print(f"{name} c={concurrency}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}",
                   flush=True)  # fmt: skip
@@ -343,7 +346,8 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
         "tokens/req shows what each server generated). Decoda (unless a mode is named) and transformers serve",
         "run the dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer",
-        "bytes), as does `decoda gguf` (`--quantization gguf`). Resident MB: the server's VmRSS after the level.",
+        "bytes), as does `decoda gguf` (`--quantization gguf`). Resident MB: the server's VmRSS after the level;",
+        "ready s: from starting the process to its health check answering (the model cached, compiles included).",
         f"The servers took turns over {num_rounds} round(s), the order reversed every other round, because this",
         "machine's speed drifts by up to 30% over minutes; tok/s is the median of the rounds (each round's",
         "figure in brackets) and the latencies are those of the median round.",
@@ -351,8 +355,8 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         *(goal_lines(rows) if rows else []),
         "",
         "| server | conc | requests | errors | tokens/req | output tok/s (rounds) | TTFT p50/p95 ms "
-        "| ITL p50/p95 ms | e2e p50/p95 s | resident MB |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL p50/p95 ms | e2e p50/p95 s | resident MB | ready s |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in summarize_rounds(rows):
         e2e = "-" if r["e2e_p50"] is None else f"{r['e2e_p50']:.2f} / {r['e2e_p95']:.2f}"
@@ -361,10 +365,11 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
             f"| {r['server']} | {r['concurrency']} | {r['requests']} | {r['errors']} | "
             f"{r['tokens_per_request']:.0f} | {r['output_tok_s']:.1f} ({each}) | "
             f"{ms(r['ttft_p50'])} / {ms(r['ttft_p95'])} | {ms(r['itl_p50'])} / {ms(r['itl_p95'])} | {e2e} | "
-            f"{'-' if r.get('resident_mb') is None else format(r['resident_mb'], '.0f')} |"
+            f"{'-' if r.get('resident_mb') is None else format(r['resident_mb'], '.0f')} | "
+            f"{'-' if r.get('ready_s') is None else format(r['ready_s'], '.1f')} |"
         )
     for name, problem in problems.items():
-        lines.append(f"| {name} | - | - | - | - | {problem} | - | - | - | - |")
+        lines.append(f"| {name} | - | - | - | - | {problem} | - | - | - | - | - |")
     path = RESULTS / "comparison.md"
     path.write_text("\n".join(lines) + "\n")
     return path
