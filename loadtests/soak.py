@@ -1,7 +1,8 @@
 """Soak: minutes of mixed strategies at 32 clients with hostile requests mixed in.
 
 Prints, every ``--interval`` seconds, the window's tok/s, the server's resident memory, running and
-waiting requests; at the end, resident memory early vs late (it must level off), the KV blocks
+waiting requests; at the end, resident memory over the run's thirds (it must level off once the
+``--kv-cache-memory`` pool has been touched: its pages become resident on first use), the KV blocks
 held once the server is idle (must be 0) and the answers by kind and status: the clients' must all
 be 200, the hostile ones their expected 400s (an over-limit list, a detect text longer than the
 context can spell) or 200s (every list at its limit; a client that hangs up mid-stream).
@@ -136,8 +137,15 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--interval", type=float, default=60)
+    parser.add_argument(
+        "--kv-cache-memory", default="1GiB",
+        help="the server's KV pool; its pages become resident as blocks are first used, and the prefix "
+        "cache keeps finished blocks until the pool is full, so resident memory rises by up to this "
+        "much before it levels off (the default, 20%% of free memory, takes longer than a soak to fill)",
+    )  # fmt: skip
     args = parser.parse_args()
-    flags = ["--max-num-seqs", "64", "--max-model-len", "1024"]
+    flags = ["--max-num-seqs", "64", "--max-model-len", "1024", "--kv-cache-memory", args.kv_cache_memory]
+    print(f"server: decoda serve {' '.join(flags)}")
     with local_decoda(flags) as (url, proc):
         tally, rss_series = asyncio.run(soak(url, proc.pid, args))
         for _ in range(60):  # idle: every request ended, the gauges at rest
@@ -149,7 +157,9 @@ def main() -> None:
         health = httpx.get(f"{url}/health", timeout=10).status_code
     third = max(1, len(rss_series) // 3)
     early, late = sum(rss_series[:third]) / third, sum(rss_series[-third:]) / third
-    print(f"\nresident memory: first third {early:.0f} MB, last third {late:.0f} MB ({late / early:.2f}x)")
+    middle = sum(rss_series[third : 2 * third]) / third
+    print(f"\nresident memory (mean over each third of the run): first {early:.0f} MB, middle {middle:.0f} MB, "
+          f"last {late:.0f} MB (last / middle {late / middle:.2f}x)")  # fmt: skip
     print(f"KV blocks held when idle: {held:.3f} of the pool; /health {health}")
     print("\n| kind | answer | count |\n|---|---|---:|")
     for (kind, outcome), count in sorted(tally.answers.items()):
