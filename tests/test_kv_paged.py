@@ -12,7 +12,13 @@ import pytest
 import torch
 
 from decoding.kv.blocks import BlockAllocator, OutOfBlocksError
-from decoding.kv.paged_attention import _gathered, grouped_attention, native_available, paged_decode
+from decoding.kv.paged_attention import (
+    _gathered,
+    grouped_attention,
+    native_available,
+    paged_decode,
+    paged_write_decode,
+)
 from decoding.kv.pool import KVPool
 from decoding.params import GenerationParams
 from decoding.telemetry import EngineObserver
@@ -111,6 +117,41 @@ def test_paged_decode_equals_dense_attention(dtype, window):
     if native_available():
         native = paged_decode(query, keys, values, tables, lengths, firsts, 0.25).float()
         assert torch.allclose(native, expected, atol=tolerance)
+
+
+@pytest.mark.parametrize("model_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_the_fused_write_and_decode_equals_writing_then_attending(model_dtype, pool_dtype):
+    """One native call per layer does exactly what the PyTorch writes and the decode kernel do."""
+    if not native_available():
+        pytest.skip("no native kernel: the PyTorch path serves")
+    torch.manual_seed(1)
+    heads, kv_heads, dim, block, num_blocks = 6, 2, 16, 4, 40
+    rows, tokens = 3, 7  # three decode rows, then a 4-token chunk
+    pool_keys = torch.randn(num_blocks, kv_heads, block, dim).to(pool_dtype)
+    pool_values = torch.randn(num_blocks, kv_heads, block, dim).to(pool_dtype)
+    # the model's tensors as its attention receives them: [1, tokens, heads, dim] transposed (strided)
+    query = torch.randn(1, tokens, heads, dim).to(model_dtype).transpose(1, 2)[0]
+    key = torch.randn(1, tokens, kv_heads, dim).to(model_dtype).transpose(1, 2)[0]
+    value = torch.randn(1, kv_heads, tokens, dim).to(model_dtype)[0]
+    tables = torch.tensor([[3, 9, 4], [12, 0, 0], [20, 21, 22]])
+    lengths = torch.tensor([10, 2, 12])
+    firsts = torch.tensor([0, 0, 5])
+    token_blocks = torch.tensor([4, 12, 22, 30, 30, 31, 31])  # each decode row's last position, then the chunk
+    token_offsets = torch.tensor([1, 1, 3, 2, 3, 0, 1])
+
+    keys, values = pool_keys.clone(), pool_values.clone()
+    keys[token_blocks, :, token_offsets] = key.transpose(0, 1).to(pool_dtype)
+    values[token_blocks, :, token_offsets] = value.transpose(0, 1).to(pool_dtype)
+    expected = paged_decode(query[:, :rows].transpose(0, 1), keys, values, tables, lengths, firsts, 0.3)
+
+    fused_keys, fused_values = pool_keys.clone(), pool_values.clone()
+    out = paged_write_decode(
+        query, key, value, fused_keys, fused_values, token_blocks, token_offsets, tables, lengths, firsts, 0.3
+    )
+    assert out is not None and out.dtype == model_dtype
+    assert torch.equal(fused_keys, keys) and torch.equal(fused_values, values)
+    assert torch.equal(out, expected)
 
 
 def test_the_native_kernel_is_built_where_a_compiler_is():

@@ -66,6 +66,60 @@ def paged_decode(
     return out.to(query.dtype)
 
 
+def paged_write_decode(
+    query: torch.Tensor,  # [num_heads, num_tokens, head_dim], decode rows' tokens first (any strides, last 1)
+    key: torch.Tensor,  # [num_kv_heads, num_tokens, head_dim]: every packed token's new K
+    value: torch.Tensor,  # [num_kv_heads, num_tokens, head_dim]
+    keys: torch.Tensor,  # the layer's pool [num_blocks, num_kv_heads, block_size, head_dim]
+    values: torch.Tensor,
+    token_blocks: torch.Tensor,  # int64 [num_tokens]: the block each token's K/V goes to
+    token_offsets: torch.Tensor,  # int64 [num_tokens]: its offset in that block
+    tables: torch.Tensor,  # int64 [rows, max_blocks]: the decode rows' block tables
+    lengths: torch.Tensor,
+    firsts: torch.Tensor,
+    scaling: float,
+) -> torch.Tensor | None:
+    """Write every token's K/V into the pool, then attend the first ``rows`` (decode) tokens: ONE call.
+
+    The layer's cache work at a one-row step was four dispatched PyTorch ops around the kernel
+    (two index_put writes, the query's copy to float32, the output's cast back), about as long as
+    the attention itself; here the kernel reads the model's own strided tensors and writes the
+    pool and the output in their dtypes. ``None`` when it cannot (no native kernel, another dtype
+    or device, a stride it does not read): the caller takes the PyTorch path, with the same numbers.
+    """
+    supported = (torch.float32, torch.bfloat16)
+    tensors = (query, key, value, keys, values)
+    if (
+        query.device.type != "cpu"
+        or any(t.dtype not in supported or t.stride(-1) != 1 for t in tensors)
+        or key.dtype != value.dtype
+        or keys.dtype != values.dtype
+        or not (keys.is_contiguous() and values.is_contiguous())
+        or keys.shape[-1] != values.shape[-1]
+        or key.shape[-1] != keys.shape[-1]
+        or key.shape[0] != keys.shape[1]
+        or tables.shape[0] == 0
+    ):
+        return None
+    library = _native()
+    if library is None:
+        return None
+    rows, (num_heads, _, head_dim) = tables.shape[0], query.shape
+    out = torch.empty((rows, num_heads, head_dim), dtype=query.dtype)
+    status = library.paged_write_decode(
+        query.data_ptr(), query.stride(0), query.stride(1), int(query.dtype == torch.bfloat16),
+        key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),
+        int(key.dtype == torch.bfloat16), keys.data_ptr(), values.data_ptr(), int(keys.dtype == torch.bfloat16),
+        token_blocks.data_ptr(), token_offsets.data_ptr(), token_blocks.shape[0],
+        tables.data_ptr(), lengths.data_ptr(), firsts.data_ptr(), rows,
+        out.data_ptr(), int(out.dtype == torch.bfloat16), num_heads, keys.shape[1], keys.shape[2], head_dim,
+        tables.shape[1], ctypes.c_float(scaling), torch.get_num_threads(),
+    )  # fmt: skip
+    if status != 0:
+        raise RuntimeError("paged attention could not allocate its scratch memory")
+    return out
+
+
 def _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap=None, sinks=None):  # noqa: ANN001, ANN202
     rows, max_blocks = tables.shape
     kv_heads, block, head_dim = keys.shape[1:]
@@ -101,6 +155,16 @@ def _load() -> ctypes.CDLL | None:
     library.paged_decode.restype = ctypes.c_int
     library.paged_decode.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [
         ctypes.c_float, ctypes.c_int, ctypes.c_int,
+    ]  # fmt: skip
+    pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+    library.paged_write_decode.restype = ctypes.c_int
+    library.paged_write_decode.argtypes = [
+        pointer, size, size, flag,  # query and its head/token strides
+        pointer, size, size, pointer, size, size, flag,  # new K, new V
+        pointer, pointer, flag,  # the pool
+        pointer, pointer, size,  # where each token goes
+        pointer, pointer, pointer, size,  # the decode rows' tables, lengths, firsts
+        pointer, flag, size, size, size, size, size, ctypes.c_float, flag,
     ]  # fmt: skip
     return library
 

@@ -8,7 +8,12 @@
    PyTorch already loaded (same soname), so the kernel runs on PyTorch's own thread team. A second
    runtime (or plain pthreads) would fight PyTorch's spinning workers for the cores: measured, a
    pthread kernel made a 1-row step 14 ms slower. Built by decoding/paged_attention.py with the
-   system C compiler on first use. */
+   system C compiler on first use.
+
+   paged_write_decode is the whole of one layer's cache work at a decode step in one call: the new
+   tokens' K/V written into their (block, offset) in the pool's dtype, then the decode rows'
+   attention read from the model's own (strided) query and written in its dtype, so the layer
+   needs no index_put, no query copy and no output cast in PyTorch (each a dispatched op a layer). */
 #include <math.h>
 #include <omp.h>
 #include <stdint.h>
@@ -86,6 +91,96 @@ static void *run(void *arg) {
     free(row_k);
     free(scores);
     return NULL;
+}
+
+/* bfloat16 <-> float32 as PyTorch converts: widening is exact, narrowing rounds to nearest even. */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = ((uint32_t)h) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(float));
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof(float));
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
+static inline float load_at(const void *base, int64_t at, int bf16) {
+    return bf16 ? bf16_to_f32(((const uint16_t *)base)[at]) : ((const float *)base)[at];
+}
+
+static inline void store_at(void *base, int64_t at, float x, int bf16) {
+    if (bf16) ((uint16_t *)base)[at] = f32_to_bf16(x);
+    else ((float *)base)[at] = x;
+}
+
+/* Strided [heads, tokens, dim] views (the model's [1, heads, tokens, dim] after its transpose):
+   element (h, t, d) at h * head_stride + t * token_stride + d. */
+typedef struct {
+    const void *data;
+    int64_t head_stride, token_stride;
+    int bf16;
+} View;
+
+int paged_write_decode(const void *q, int64_t q_head_stride, int64_t q_token_stride, int q_bf16,
+                       const void *k_new, int64_t k_head_stride, int64_t k_token_stride,
+                       const void *v_new, int64_t v_head_stride, int64_t v_token_stride, int kv_bf16,
+                       void *keys, void *values, int pool_bf16,
+                       const int64_t *token_blocks, const int64_t *token_offsets, int64_t num_tokens,
+                       const int64_t *tables, const int64_t *lengths, const int64_t *firsts, int64_t rows,
+                       void *out, int out_bf16, int64_t heads, int64_t kv_heads, int64_t block, int64_t dim,
+                       int64_t table_stride, float scale, int threads) {
+    View qv = {q, q_head_stride, q_token_stride, q_bf16};
+    View kv[2] = {{k_new, k_head_stride, k_token_stride, kv_bf16}, {v_new, v_head_stride, v_token_stride, kv_bf16}};
+    void *pools[2] = {keys, values};
+    float *q32 = malloc(sizeof(float) * (size_t)(rows * heads * dim + 1));
+    float *out32 = out_bf16 ? malloc(sizeof(float) * (size_t)(rows * heads * dim + 1)) : (float *)out;
+    if (q32 == NULL || out32 == NULL) {
+        free(q32);
+        if (out_bf16) free(out32);
+        return 1;
+    }
+    int64_t units = rows * kv_heads, writes = num_tokens * kv_heads;
+    if (threads < 1) threads = 1;
+#pragma omp parallel num_threads(threads)
+    {
+#pragma omp for schedule(static)
+        for (int64_t w = 0; w < writes; w++) {  /* token t's K/V head h into the pool */
+            int64_t t = w / kv_heads, h = w % kv_heads;
+            int64_t at = ((token_blocks[t] * kv_heads + h) * block + token_offsets[t]) * dim;
+            for (int which = 0; which < 2; which++) {
+                const View *src = &kv[which];
+                int64_t from = h * src->head_stride + t * src->token_stride;
+                if (src->bf16 == pool_bf16) {
+                    size_t size = (size_t)dim * (pool_bf16 ? 2 : 4);
+                    memcpy((char *)pools[which] + at * (pool_bf16 ? 2 : 4),
+                           (const char *)src->data + from * (src->bf16 ? 2 : 4), size);
+                } else {
+                    for (int64_t d = 0; d < dim; d++) store_at(pools[which], at + d, load_at(src->data, from + d, src->bf16), pool_bf16);
+                }
+            }
+        }
+#pragma omp for schedule(static)
+        for (int64_t u = 0; u < rows * heads; u++) {  /* the decode rows' queries as float32 */
+            int64_t r = u / heads, h = u % heads;
+            for (int64_t d = 0; d < dim; d++) q32[u * dim + d] = load_at(qv.data, h * qv.head_stride + r * qv.token_stride + d, qv.bf16);
+        }
+        /* the implicit barrier above: every write and query is in place before any row attends */
+        int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
+        Job j = {q32, keys, values, tables, lengths, firsts, out32, rows, heads, kv_heads, block, dim,
+                 table_stride, scale, pool_bf16, units * t / n, units * (t + 1) / n};
+        run(&j);
+        if (out_bf16) {  /* this thread's units are rows r, heads h*group .. h*group+group-1: contiguous */
+            int64_t group = heads / kv_heads;
+            for (int64_t x = j.begin * group * dim; x < j.end * group * dim; x++) store_at(out, x, out32[x], 1);
+        }
+    }
+    free(q32);
+    if (out_bf16) free(out32);
+    return 0;
 }
 
 int paged_decode(const float *q, const void *keys, const void *values, const int64_t *tables,

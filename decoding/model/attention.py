@@ -8,7 +8,8 @@ with the new keys/values, and this one:
 1. writes the new K/V into the pool at each token's own (block, offset), found through its row's
    block table (the pool made those positions writable before the forward: ``KVPool.prepare``);
 2. runs all single-token rows (decode steps) as ONE call reading every row's blocks in place
-   (``paged_attention.paged_decode``), each row masked to its own length;
+   (``paged_attention.paged_decode``), each row masked to its own length; where the native kernel
+   serves, steps 1 and 2 are one call (``paged_write_decode``), with no PyTorch op around it;
 3. runs each multi-token row (a prompt chunk, a draft to verify) as its own attention over its
    blocks gathered in order, with a causal mask offset by the row's cached length, or, for
    contrastive-search candidates (sibling tokens at one position), a mask that lets each see the
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from decoding.kv.paged_attention import grouped_attention, paged_decode
+from decoding.kv.paged_attention import grouped_attention, paged_decode, paged_write_decode
 from decoding.kv.pool import KVPool
 
 ATTENTION_NAME = "decoda"
@@ -225,20 +226,26 @@ def _attend(
 ) -> torch.Tensor:
     pool = layout.pool
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
-    # [num_tokens, num_kv_heads, head_dim] written at (block, offset) of each token
-    layer_keys[layout.token_blocks, :, layout.token_offsets] = key[0].transpose(0, 1).to(layer_keys.dtype)
-    layer_values[layout.token_blocks, :, layout.token_offsets] = value[0].transpose(0, 1).to(layer_values.dtype)
-
-    gqa = query.shape[1] != key.shape[1]
-    outputs: list[torch.Tensor] = []
     num_decode = len(layout.decode)
-    if num_decode:
+    decoded = None
+    if num_decode and softcap is None and sinks is None:  # writes and decode attention in one native call
+        decoded = paged_write_decode(
+            query[0], key[0], value[0], layer_keys, layer_values, layout.token_blocks, layout.token_offsets,
+            layout.decode_tables, layout.decode_lengths, layout.decode_firsts(sliding_window), scaling,
+        )  # fmt: skip
+    if decoded is None:
+        # [num_tokens, num_kv_heads, head_dim] written at (block, offset) of each token
+        layer_keys[layout.token_blocks, :, layout.token_offsets] = key[0].transpose(0, 1).to(layer_keys.dtype)
+        layer_values[layout.token_blocks, :, layout.token_offsets] = value[0].transpose(0, 1).to(layer_values.dtype)
+    if num_decode and decoded is None:
         q = query[0, :, :num_decode].transpose(0, 1)  # [num_decode, num_heads, head_dim]
-        out = paged_decode(
+        decoded = paged_decode(
             q, layer_keys, layer_values, layout.decode_tables, layout.decode_lengths,
             layout.decode_firsts(sliding_window), scaling, softcap, sinks,
         )  # fmt: skip
-        outputs.append(out)  # [num_decode, num_heads, head_dim]
+
+    gqa = query.shape[1] != key.shape[1]
+    outputs: list[torch.Tensor] = [] if decoded is None else [decoded]  # [num_decode, num_heads, head_dim]
     offset = num_decode
     plain = softcap is None and sinks is None and key.shape[-1] == value.shape[-1]
     for index, seg in enumerate(layout.multi):
