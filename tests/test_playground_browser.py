@@ -339,6 +339,23 @@ def test_invalid_combinations_show_the_server_message_next_to_the_field(session)
     assert error.inner_text() == "presence_penalty must be in [-2, 2], got 3.0"
 
 
+def test_a_group_opened_just_before_a_strategy_change_stays_open(session):
+    """The group's "toggle" event arrives as a later task: a strategy picked in the same task as
+    the click (a fast user, a loaded machine) must not redraw the group closed (it once did)."""
+    pane = session.pane("A")
+    assert not pane.locator("details[data-group=penalties]").evaluate("d => d.open")
+    pane.evaluate(
+        """p => {
+            p.querySelector("details[data-group=penalties] summary").click();
+            const picker = p.querySelector("select.strategy");
+            picker.value = "sampling";
+            picker.dispatchEvent(new Event("change"));
+        }"""
+    )
+    assert pane.locator("details[data-group=penalties]").evaluate("d => d.open")
+    session.set_field("A", "presence_penalty", "1")  # visible: fill would time out on a closed group
+
+
 def test_stop_cancels_the_request(session):
     base = session.base
     aborted = metric(base, "decoda_request_success_total", '{finished_reason="abort",strategy="greedy"}')

@@ -105,7 +105,7 @@ def paged_write_decode(
     if library is None:
         return None
     rows, (num_heads, _, head_dim) = tables.shape[0], query.shape
-    out = torch.empty((rows, num_heads, head_dim), dtype=query.dtype)
+    out = torch.empty((rows, num_heads, head_dim), dtype=query.dtype, device=query.device)
     status = library.paged_write_decode(
         query.data_ptr(), query.stride(0), query.stride(1), int(query.dtype == torch.bfloat16),
         key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),

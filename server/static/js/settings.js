@@ -87,6 +87,11 @@ export class SettingsForm {
   }
 
   render() {
+    // a group opened or closed since it was drawn keeps that state: its "toggle" event is dispatched
+    // later, as a task, so a strategy changed right after a click would otherwise redraw it as before
+    for (const shown of this.root.querySelectorAll("details[data-group]")) {
+      if (shown.open !== (shown.dataset.drawnOpen === "true")) this.groupOpen.set(shown.dataset.group, shown.open);
+    }
     const spec = this.spec;
     const picker = el("select", { class: "strategy", name: "strategy" });
     for (const s of STRATEGIES) picker.append(el("option", { value: s.id, text: s.label, selected: s.id === spec.id }));
@@ -105,6 +110,7 @@ export class SettingsForm {
         el("summary", { text: group.title }),
         el("div", { class: "fields" }, ...group.fields.map((key) => this.field("common", key))),
       );
+      details.dataset.drawnOpen = String(details.open);
       details.addEventListener("toggle", () => this.groupOpen.set(group.id, details.open));
       return details;
     });

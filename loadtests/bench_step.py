@@ -1,0 +1,110 @@
+"""Median decode-step time of the engine at 1 and 16 rows, per weight mode, in one process.
+
+The figure issue 25's per-step profile asks for: the engine's own step (forward, sampling, stop
+checks), no HTTP around it. Every row gets the same chat prompt and forced-length greedy tokens, so
+steps differ only by the rows' lengths. ``--ab-fused`` measures each case twice, taking turns over
+three rounds: with the fused K/V write + decode attention call (``paged_write_decode``) and with
+the PyTorch writes around the plain decode kernel it replaced, so the gain is read within a round.
+
+    .venv/bin/python -m loadtests.bench_step --modes float32,bfloat16,gguf,gguf+bfloat16 --ab-fused
+    .venv/bin/python -m loadtests.bench_step --modes gguf --compile
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+
+import decoding.model.attention as attention
+from decoding.engine.core import Engine
+from decoding.engine.launch import prepare_forward
+from decoding.engine.limits import EngineLimits
+from decoding.engine.warmup import warm_up
+from decoding.model.attention import register_attention
+from decoding.model.loading import load_model
+from decoding.params import GenerationParams
+from loadtests.bench_decode import PROMPT
+from loadtests.compare import cpu_summary
+
+FUSED = attention.paged_write_decode
+
+
+def _unfused(*args: object, **kwargs: object) -> None:
+    return None  # "cannot": _attend takes the PyTorch writes and the plain decode kernel
+
+
+def build(mode: str, rows: int, compile_layers: bool) -> tuple[Engine, list[int]]:
+    dtype = "bfloat16" if "bfloat16" in mode else "float32"
+    quantization = mode.split("+")[0] if mode.split("+")[0] in ("gguf", "int8", "int4") else "none"
+    loaded = load_model("smollm2-135m-instruct", dtype=dtype, quantization=quantization,
+                        attn_implementation=register_attention())  # fmt: skip
+    prepare_forward(loaded.model, compile=compile_layers)
+    limits = EngineLimits(max_model_len=1024, max_num_seqs=rows, max_num_batched_tokens=512)
+    engine = Engine(loaded.model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None,
+                    torch.device("cpu"))  # fmt: skip
+    if compile_layers:
+        warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
+    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
+                                               tokenize=True)  # fmt: skip
+    return engine, list(ids if isinstance(ids, list) else ids["input_ids"])
+
+
+def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int) -> float:
+    """Every step's time while ``rows`` requests of ``new_tokens`` forced tokens run; the median
+    leaves out the prefill step(s)."""
+    engine.emit = lambda output: None
+    steps: list[float] = []
+    with torch.inference_mode():
+        for row in range(rows):
+            params = GenerationParams(max_new_tokens=new_tokens, min_new_tokens=new_tokens, seed=row)
+            engine.add_request(f"bench-{time.monotonic_ns()}-{row}", prompt, params)
+        while engine.has_work():
+            started = time.perf_counter()
+            engine.step()
+            steps.append(time.perf_counter() - started)
+    return statistics.median(steps) * 1000
+
+
+def measure(engine: Engine, prompt: list[int], rows: int, tokens: int, choose: Callable[[], None]) -> float:
+    choose()
+    return median_step_ms(engine, prompt, rows, tokens)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default="float32,gguf", help="comma list: float32, bfloat16, gguf, "
+                        "gguf+bfloat16, int8, int4 (+bfloat16)")  # fmt: skip
+    parser.add_argument("--rows", default="1,16")
+    parser.add_argument("--new-tokens", type=int, default=96)
+    parser.add_argument("--compile", action="store_true", help="compile the decoder layers as --compile does")
+    parser.add_argument("--ab-fused", action="store_true", help="also time the unfused K/V write + attention")
+    args = parser.parse_args()
+    print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
+    for mode in args.modes.split(","):
+        for rows in (int(r) for r in args.rows.split(",")):
+            engine, prompt = build(mode, rows, args.compile)
+            median_step_ms(engine, prompt, rows, 16)  # warm
+            variants = {"fused": lambda: setattr(attention, "paged_write_decode", FUSED)}
+            if args.ab_fused:
+                variants["unfused"] = lambda: setattr(attention, "paged_write_decode", _unfused)
+            times: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(3):
+                for name, choose in variants.items():
+                    times[name].append(measure(engine, prompt, rows, args.new_tokens, choose))
+            attention.paged_write_decode = FUSED
+            line = f"{mode:16} rows {rows:2}: step {statistics.median(times['fused']):6.2f} ms"
+            if args.ab_fused:
+                ratios = [u / f for u, f in zip(times["unfused"], times["fused"], strict=True)]
+                rounds = ", ".join(f"{r:.3f}" for r in ratios)
+                line += (f", unfused {statistics.median(times['unfused']):6.2f} ms, unfused/fused "
+                         f"{statistics.median(ratios):.3f} (rounds {rounds})")  # fmt: skip
+            print(line + (" [compiled]" if args.compile else ""), flush=True)
+
+
+if __name__ == "__main__":
+    main()
