@@ -66,16 +66,31 @@ def decoda_tokens_per_s(engine: Engine, prompt_ids: list[int], new_tokens: int, 
     return new_tokens / statistics.median(times)
 
 
-def build_engine(model_name: str, config_name: str, tokenizer: object, eos: list[int]) -> Engine:
+def build_engine(
+    model_name: str,
+    config_name: str,
+    tokenizer: object,
+    eos: list[int],
+    *,
+    quantization: str = "none",
+    max_num_seqs: int = 1,
+) -> Engine:
     dtype = "bfloat16" if config_name.startswith("bf16") else "float32"
-    loaded = load_model(model_name, dtype=dtype, attn_implementation=register_attention())
+    loaded = load_model(model_name, dtype=dtype, quantization=quantization, attn_implementation=register_attention())
     model = loaded.model
     prepare_forward(model, compile="compile" in config_name)
-    limits = EngineLimits(max_model_len=1024, max_num_seqs=1, max_num_batched_tokens=512)
+    limits = EngineLimits(max_model_len=1024, max_num_seqs=max_num_seqs, max_num_batched_tokens=512)
     engine = Engine(model, copy.deepcopy(tokenizer), eos, limits, lambda _: None, torch.device("cpu"))
     if "compile" in config_name:  # as the server does before it serves
         warm_up(engine, tokenizer("Warm up the compiled layers.").input_ids)
     return engine
+
+
+def chat_prompt_ids(tokenizer: object) -> list[int]:
+    """PROMPT as the user's one chat message, through the model's template."""
+    messages = [{"role": "user", "content": PROMPT}]
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(ids if isinstance(ids, list) else ids["input_ids"])
 
 
 def main() -> None:
@@ -91,11 +106,7 @@ def main() -> None:
 
     reference = load_model(args.model, dtype="float32", attn_implementation="sdpa")
     tokenizer = reference.tokenizer
-    prompt_ids = tokenizer.apply_chat_template(
-        [{"role": "user", "content": PROMPT}], add_generation_prompt=True, tokenize=True
-    )
-    if not isinstance(prompt_ids, list):
-        prompt_ids = list(prompt_ids["input_ids"])
+    prompt_ids = chat_prompt_ids(tokenizer)
     print(
         f"model {args.model}, prompt {len(prompt_ids)} tokens, {args.new_tokens} forced new tokens, "
         f"median of {args.runs} runs, torch threads {torch.get_num_threads()}"

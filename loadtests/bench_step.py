@@ -13,24 +13,19 @@ the PyTorch writes around the plain decode kernel it replaced, so the gain is re
 from __future__ import annotations
 
 import argparse
-import copy
 import statistics
 import time
-from collections.abc import Callable
 
 import torch
 
 import decoding.model.attention as attention
 from decoding.engine.core import Engine
-from decoding.engine.launch import prepare_forward
-from decoding.engine.limits import EngineLimits
-from decoding.engine.warmup import warm_up
-from decoding.model.attention import register_attention
 from decoding.model.loading import load_model
 from decoding.params import GenerationParams
-from loadtests.bench_decode import PROMPT
+from loadtests.bench_decode import build_engine, chat_prompt_ids
 from loadtests.compare import cpu_summary
 
+MODEL = "smollm2-135m-instruct"
 FUSED = attention.paged_write_decode
 
 
@@ -38,20 +33,12 @@ def _unfused(*args: object, **kwargs: object) -> None:
     return None  # "cannot": _attend takes the PyTorch writes and the plain decode kernel
 
 
-def build(mode: str, rows: int, compile_layers: bool) -> tuple[Engine, list[int]]:
-    dtype = "bfloat16" if "bfloat16" in mode else "float32"
-    quantization = mode.split("+")[0] if mode.split("+")[0] in ("gguf", "int8", "int4") else "none"
-    loaded = load_model("smollm2-135m-instruct", dtype=dtype, quantization=quantization,
-                        attn_implementation=register_attention())  # fmt: skip
-    prepare_forward(loaded.model, compile=compile_layers)
-    limits = EngineLimits(max_model_len=1024, max_num_seqs=rows, max_num_batched_tokens=512)
-    engine = Engine(loaded.model, copy.deepcopy(loaded.tokenizer), loaded.eos_token_ids, limits, lambda _: None,
-                    torch.device("cpu"))  # fmt: skip
-    if compile_layers:
-        warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
-    ids = loaded.tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
-                                               tokenize=True)  # fmt: skip
-    return engine, list(ids if isinstance(ids, list) else ids["input_ids"])
+def build(mode: str, rows: int, compile_layers: bool, tokenizer: object, eos: list[int]) -> Engine:
+    """``mode``: a weight format (float32, gguf, int8, int4), ``+bfloat16`` for bfloat16 activations."""
+    weights, _, activations = mode.partition("+")
+    config = ("bf16" if "bfloat16" in (weights, activations) else "fp32") + ("+compile" if compile_layers else "")
+    quantization = weights if weights in ("gguf", "int8", "int4") else "none"
+    return build_engine(MODEL, config, tokenizer, eos, quantization=quantization, max_num_seqs=rows)
 
 
 def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int) -> float:
@@ -70,11 +57,6 @@ def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int
     return statistics.median(steps) * 1000
 
 
-def measure(engine: Engine, prompt: list[int], rows: int, tokens: int, choose: Callable[[], None]) -> float:
-    choose()
-    return median_step_ms(engine, prompt, rows, tokens)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="float32,gguf", help="comma list: float32, bfloat16, gguf, "
@@ -85,17 +67,19 @@ def main() -> None:
     parser.add_argument("--ab-fused", action="store_true", help="also time the unfused K/V write + attention")
     args = parser.parse_args()
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
+    reference = load_model(MODEL)  # its tokenizer and eos ids, as bench_decode hands them to each engine
+    tokenizer, eos, prompt = reference.tokenizer, reference.eos_token_ids, chat_prompt_ids(reference.tokenizer)
+    del reference
     for mode in args.modes.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
-            engine, prompt = build(mode, rows, args.compile)
+            engine = build(mode, rows, args.compile, tokenizer, eos)
             median_step_ms(engine, prompt, rows, 16)  # warm
-            variants = {"fused": lambda: setattr(attention, "paged_write_decode", FUSED)}
-            if args.ab_fused:
-                variants["unfused"] = lambda: setattr(attention, "paged_write_decode", _unfused)
+            variants = {"fused": FUSED, **({"unfused": _unfused} if args.ab_fused else {})}
             times: dict[str, list[float]] = {name: [] for name in variants}
             for _ in range(3):
-                for name, choose in variants.items():
-                    times[name].append(measure(engine, prompt, rows, args.new_tokens, choose))
+                for name, function in variants.items():
+                    attention.paged_write_decode = function
+                    times[name].append(median_step_ms(engine, prompt, rows, args.new_tokens))
             attention.paged_write_decode = FUSED
             line = f"{mode:16} rows {rows:2}: step {statistics.median(times['fused']):6.2f} ms"
             if args.ab_fused:

@@ -34,14 +34,26 @@ typedef struct {
     int64_t begin, end;      /* this thread's (row, kv head) units */
 } Job;
 
+/* bfloat16 <-> float32 as PyTorch converts: widening is exact, narrowing rounds to nearest even. */
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t bits = ((uint32_t)h) << 16;
+    float f;
+    memcpy(&f, &bits, sizeof(float));
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof(float));
+    if (f != f) return 0x7FC0;
+    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
+}
+
 /* One cached row of head_dim values as float32: in place for float32, widened into buf for bf16. */
 static inline const float *row_at(const void *base, int64_t at, int64_t dim, int bf16, float *buf) {
     if (!bf16) return (const float *)base + at;
     const uint16_t *src = (const uint16_t *)base + at;
-    for (int64_t d = 0; d < dim; d++) {
-        uint32_t bits = ((uint32_t)src[d]) << 16;
-        memcpy(&buf[d], &bits, sizeof(float));
-    }
+    for (int64_t d = 0; d < dim; d++) buf[d] = bf16_to_f32(src[d]);
     return buf;
 }
 
@@ -91,21 +103,6 @@ static void *run(void *arg) {
     free(row_k);
     free(scores);
     return NULL;
-}
-
-/* bfloat16 <-> float32 as PyTorch converts: widening is exact, narrowing rounds to nearest even. */
-static inline float bf16_to_f32(uint16_t h) {
-    uint32_t bits = ((uint32_t)h) << 16;
-    float f;
-    memcpy(&f, &bits, sizeof(float));
-    return f;
-}
-
-static inline uint16_t f32_to_bf16(float f) {
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof(float));
-    if (f != f) return 0x7FC0;
-    return (uint16_t)((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16);
 }
 
 static inline float load_at(const void *base, int64_t at, int bf16) {

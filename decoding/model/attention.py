@@ -227,8 +227,9 @@ def _attend(
     pool = layout.pool
     layer_keys, layer_values = pool.keys[layer], pool.values[layer]
     num_decode = len(layout.decode)
-    decoded = None
-    if num_decode and softcap is None and sinks is None:  # writes and decode attention in one native call
+    plain = softcap is None and sinks is None and key.shape[-1] == value.shape[-1]
+    decoded = None  # [num_decode, num_heads, head_dim]
+    if num_decode and plain:  # writes and decode attention in one native call, where it serves
         decoded = paged_write_decode(
             query[0], key[0], value[0], layer_keys, layer_values, layout.token_blocks, layout.token_offsets,
             layout.decode_tables, layout.decode_lengths, layout.decode_firsts(sliding_window), scaling,
@@ -237,17 +238,16 @@ def _attend(
         # [num_tokens, num_kv_heads, head_dim] written at (block, offset) of each token
         layer_keys[layout.token_blocks, :, layout.token_offsets] = key[0].transpose(0, 1).to(layer_keys.dtype)
         layer_values[layout.token_blocks, :, layout.token_offsets] = value[0].transpose(0, 1).to(layer_values.dtype)
-    if num_decode and decoded is None:
-        q = query[0, :, :num_decode].transpose(0, 1)  # [num_decode, num_heads, head_dim]
-        decoded = paged_decode(
-            q, layer_keys, layer_values, layout.decode_tables, layout.decode_lengths,
-            layout.decode_firsts(sliding_window), scaling, softcap, sinks,
-        )  # fmt: skip
+        if num_decode:
+            q = query[0, :, :num_decode].transpose(0, 1)  # [num_decode, num_heads, head_dim]
+            decoded = paged_decode(
+                q, layer_keys, layer_values, layout.decode_tables, layout.decode_lengths,
+                layout.decode_firsts(sliding_window), scaling, softcap, sinks,
+            )  # fmt: skip
 
     gqa = query.shape[1] != key.shape[1]
-    outputs: list[torch.Tensor] = [] if decoded is None else [decoded]  # [num_decode, num_heads, head_dim]
+    outputs: list[torch.Tensor] = [] if decoded is None else [decoded]
     offset = num_decode
-    plain = softcap is None and sinks is None and key.shape[-1] == value.shape[-1]
     for index, seg in enumerate(layout.multi):
         q = query[:, :, offset : offset + seg.length]  # [1, num_heads, length, head_dim]
         k, v = layout.multi_kv(index, layer)
