@@ -5,7 +5,8 @@ from the ``gguf`` package's map for the file's architecture, rows in the order t
 tensor processor turns into the model's), linears as Q4_0 and the embedding and LM head as Q8_0;
 the model's float weights are set to the file's dequantized values (what transformers would load).
 ``quantize_model(..., "gguf")`` then swaps the file's own blocks in, and greedy decoding through the
-engine must equal ``generate()`` on that same quantized model.
+engine must equal ``generate()`` on that same quantized model, up to a near tie of two logits
+(``assert_equal_until_a_near_tie``: the 4-bit kernel quantizes activations to int8, as llama.cpp).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from transformers.pytorch_utils import Conv1D
 from decoding.model.quantization import quantize_model
 from tests.arch_families import EOS
 from tests.engine_harness import EngineHarness
+from tests.near_tie import assert_equal_until_a_near_tie, near_ties
 from tests.test_architectures import NEW_TOKENS, SERVED, hf_generate, model_of, params, prompt
 
 # model_type -> the architecture llama.cpp writes in general.architecture (transformers reads these)
@@ -101,7 +103,9 @@ def test_gguf_blocks_equal_hf_on_the_same_weights(model_type, smollm2_tokenizer,
     kinds = quantize_model(model, "gguf", gguf_path=path)
     assert kinds["gguf Q4_0"] > 0, kinds
     want = hf_generate(model, prompt(1), max_new_tokens=NEW_TOKENS, do_sample=False)
+    ties = near_ties(model, prompt(1), want)
     harness = EngineHarness(model, smollm2_tokenizer, [EOS])
     harness.add("r", prompt(1), params("greedy"))
     harness.run()
-    assert harness.token_ids("r") == want
+    assert_equal_until_a_near_tie(harness.token_ids("r"), want, ties)
+

@@ -28,6 +28,7 @@ from decoding.params import GenerationParams
 from tests import reference_decoding
 from tests.arch_families import EOS, FAMILIES, REFUSED, VOCAB, Family
 from tests.engine_harness import EngineHarness, as_served
+from tests.near_tie import assert_equal_until_a_near_tie, near_ties
 
 SERVED = [family for family in FAMILIES if family.refused is None]
 NEW_TOKENS = 10
@@ -177,10 +178,14 @@ def test_loads_from_a_folder_and_low_bit_weights_equal_hf_on_the_same_weights(fa
     reference = copy.deepcopy(loaded.model)
     reference.set_attn_implementation("eager")
     want = hf_generate(reference, prompt(1), max_new_tokens=NEW_TOKENS, do_sample=False)
+    ties = near_ties(reference, prompt(1), want)
     harness = EngineHarness(loaded.model, loaded.tokenizer, [EOS], served=True)
     harness.add("r", prompt(1), params("greedy"))
     harness.run()
-    assert harness.token_ids("r") == want
+    if mode == "int4":  # the 4-bit kernel quantizes activations: equal up to a near tie (tests/near_tie.py)
+        assert_equal_until_a_near_tie(harness.token_ids("r"), want, ties)
+    else:
+        assert harness.token_ids("r") == want
 
 
 # one family for each way the compiled attention call differs (soft-capping, sinks, MLA's narrower

@@ -16,13 +16,18 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import platform
 import shutil
 import stat
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 _SHARED_WRITE = stat.S_IWGRP | stat.S_IWOTH
 
@@ -52,10 +57,21 @@ def kernel_dirs() -> list[Path]:
     return dirs
 
 
-def build_and_load(source: Path, flags: list[str], name: str, dirs: list[Path] | None = None) -> ctypes.CDLL | None:
+def build_and_load(
+    source: Path,
+    flags: list[str],
+    name: str,
+    dirs: list[Path] | None = None,
+    *,
+    load: Callable[[str], T] = ctypes.CDLL,  # type: ignore[assignment]
+    compiler: tuple[str, str] = ("CC", "cc"),
+    libraries: tuple[str, ...] = ("-lm",),
+) -> T | None:
     """The kernel ``name`` (a file name keyed by source, flags and CPU) from the first trusted
     directory, compiling it there first when it is not cached; None when no directory will do. A
-    cached kernel needs no compiler (the image builds its kernel, then removes the compiler)."""
+    cached kernel needs no compiler (the image builds its kernel, then removes the compiler).
+    ``load`` opens the trusted file (ctypes for a C library, ``torch.ops.load_library`` for an
+    operator library); ``compiler`` names the variable that may override the default compiler."""
     for folder in kernel_dirs() if dirs is None else dirs:
         try:
             folder.mkdir(parents=True, exist_ok=True, mode=0o700)
@@ -69,28 +85,38 @@ def build_and_load(source: Path, flags: list[str], name: str, dirs: list[Path] |
         target = folder / name
         try:
             if not os.path.lexists(target):
-                compiler = shutil.which(os.environ.get("CC", "cc"))
-                if compiler is None:
-                    logger.warning("no C compiler: %s is not built; install gcc", source.name)
+                program = shutil.which(os.environ.get(*compiler))
+                if program is None:
+                    logger.warning("no compiler (%s): %s is not built; install gcc/g++", compiler[1], source.name)
                     return None
-                _compile(compiler, flags, source, folder, target)
+                _compile([program, *flags, str(source)], list(libraries), folder, target)
             problem = untrusted_reason(target, directory=False)
             if problem is not None:
                 logger.warning("not loading %s: %s", target, problem)
                 continue
-            return ctypes.CDLL(str(target))
+            return load(str(target))
         except (OSError, subprocess.SubprocessError) as error:
             logger.debug("kernel not built in %s: %s", folder, error)
     return None
 
 
-def _compile(compiler: str, flags: list[str], source: Path, folder: Path, target: Path) -> None:
+def _compile(command: list[str], libraries: list[str], folder: Path, target: Path) -> None:
     private = Path(tempfile.mkdtemp(prefix=".build-", dir=folder))  # 0700: only this user writes here
     try:
         built = private / target.name
-        subprocess.run([compiler, *flags, str(source), "-o", str(built), "-lm"], check=True, capture_output=True,
-                       timeout=120)  # fmt: skip
+        subprocess.run([*command, "-o", str(built), *libraries], check=True, capture_output=True, timeout=300)
         built.chmod(0o755)
         built.replace(target)  # atomic on one file system: replicas starting together never load half a file
     finally:
         shutil.rmtree(private, ignore_errors=True)
+
+
+def cpu_id() -> bytes:
+    """-march=native code is only valid on this CPU: the build is keyed by its flags."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line.encode()
+    except OSError:
+        pass
+    return platform.processor().encode()

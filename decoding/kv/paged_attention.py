@@ -14,12 +14,11 @@ import ctypes
 import hashlib
 import logging
 import os
-import platform
 from pathlib import Path
 
 import torch
 
-from decoding.kv.native_kernel import build_and_load
+from decoding.kv.native_kernel import build_and_load, cpu_id
 
 logger = logging.getLogger(__name__)
 
@@ -146,7 +145,7 @@ def _native() -> ctypes.CDLL | None:
 
 
 def _load() -> ctypes.CDLL | None:
-    machine = _cpu_id() if MARCH == "native" else MARCH.encode()
+    machine = cpu_id() if MARCH == "native" else MARCH.encode()
     tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + machine).hexdigest()[:16]
     library = build_and_load(SOURCE, FLAGS, f"paged_decode-{tag}.so")
     if library is None:
@@ -168,16 +167,6 @@ def _load() -> ctypes.CDLL | None:
     ]  # fmt: skip
     return library
 
-
-def _cpu_id() -> bytes:
-    """-march=native code is only valid on this CPU: the build is keyed by its flags."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line.encode()
-    except OSError:
-        pass
-    return platform.processor().encode()
 
 
 def grouped_attention(

@@ -3,7 +3,8 @@
 Modes (vLLM's flag name and values where they exist):
 
 * ``none``: float weights (then packed for oneDNN by ``weight_layout``).
-* ``gguf``: the GGUF file's own blocks, every quantized tensor the file has; tensors the file
+* ``gguf``: the GGUF file's own blocks, every quantized tensor the file has (4-bit ones through
+  the native integer kernel, ``q4_matrix``, where it runs; the rest through PyTorch's int4 kernel); tensors the file
   keeps in float (norms, and any F32/F16 matrix) stay float. A block type without a kernel path
   is refused at load, naming the tensor and the type.
 * ``int8``: every linear, the embedding and the LM head, int8 per output channel.
@@ -30,9 +31,11 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from decoding.model.packed_linear import own_remaining_tensors
+from decoding.model.quantization import q4_matrix
 from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
+from decoding.model.quantization.q4_matrix import Q4Matrix
 from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -60,10 +63,10 @@ class _Source:
             codes = self.gguf.codes(name)
             _check_same(name, codes, weight, self.gguf.rows_sample(codes.shape[0]))
             kind = f"gguf {self.gguf.block_type(name).name}"  # type: ignore[union-attr]
-            return Int4Matrix(codes, lookup=lookup), kind
+            return _codes_matrix(codes, lookup), kind
         if self.mode == "int4" and not lookup:
             if weight.shape[1] % INT4_GROUP == 0:
-                return Int4Matrix(quantize_int4(weight)), "int4 g32"
+                return _codes_matrix(quantize_int4(weight), lookup=False), "int4 g32"
             # a width no group size divides (DeepSeek's tiny test ranks): int8 rather than a refusal
             return quantize_int8(weight), f"int8 per-channel (in_features not a multiple of {INT4_GROUP})"
         return quantize_int8(weight), "int8 per-channel"
@@ -71,6 +74,14 @@ class _Source:
     def close(self) -> None:
         if self.gguf is not None:
             self.gguf.close()
+
+
+def _codes_matrix(codes: AffineCodes, lookup: bool) -> LowBitMatrix:
+    """The native 4-bit kernel where the codes fit it and it runs here (faster at a few rows), else
+    PyTorch's int4 kernel (wider codes, 16-column groups, and the embedding's row lookup)."""
+    if not lookup and q4_matrix.fits(codes) and q4_matrix.available():
+        return Q4Matrix(codes)
+    return Int4Matrix(codes, lookup=lookup)
 
 
 def quantize_model(model: nn.Module, mode: str, *, gguf_path: Path | None = None) -> Counter[str]:

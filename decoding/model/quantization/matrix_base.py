@@ -17,6 +17,7 @@ class MatrixModule(nn.Module):
     """Base of the kernel-backed matrices; ``keep`` registers a tensor (or None) as a buffer."""
 
     owns_its_tensors = True  # built from codes, never views of a checkpoint's file mapping
+    input_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)  # PyTorch's low-bit CPU kernels vectorize bfloat16
 
     def keep(self, name: str, tensor: torch.Tensor | None) -> None:
         self.register_buffer(name, tensor, persistent=False)

@@ -1,9 +1,10 @@
 """``nn.Module`` faces of the low-bit matrices: drop-ins for ``nn.Linear`` and ``nn.Embedding``.
 
 The rest of the model (norms, attention, residual stream, logits) keeps the model's dtype; a
-linear hands its input to the kernel in bfloat16 (the kernels' fast dtype) and returns its output
-in the model's dtype. A tied embedding and LM head hold the same matrix object, so a weight that
-serves both exists once in memory.
+linear hands its input to the kernel in a dtype the kernel takes (bfloat16 for PyTorch's int4 and
+int8 kernels, the model's own for the native 4-bit one) and returns its output in the model's
+dtype. A tied embedding and LM head hold the same matrix object, so a weight that serves both
+exists once in memory.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from torch import nn
 class LowBitMatrix(Protocol):
     out_features: int
     in_features: int
+    input_dtypes: tuple[torch.dtype, ...]  # what matmul takes (and returns); others go in as bfloat16
 
-    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...  # [rows, in] bf16 → [rows, out] bf16
+    def matmul(self, x: torch.Tensor) -> torch.Tensor: ...  # [rows, in] → [rows, out], in x's dtype
 
     def nbytes(self) -> int: ...
 
@@ -40,8 +42,9 @@ class QuantizedLinear(nn.Module):
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, self.in_features)
-        out = self.matrix.matmul(flat.to(torch.bfloat16))
-        out = out.to(hidden.dtype)
+        if flat.dtype not in self.matrix.input_dtypes:
+            flat = flat.to(torch.bfloat16)
+        out = self.matrix.matmul(flat.contiguous()).to(hidden.dtype)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*hidden.shape[:-1], self.out_features)

@@ -1,0 +1,384 @@
+/* 4-bit weights times int8 activations with integer dot products: llama.cpp's Q4_1 x Q8_1 idea.
+
+   Why: at one token a step is a matrix-vector product per linear, bound by how fast the weights
+   stream from memory. PyTorch's int4 kernel (_weight_int4pack_mm_for_cpu) widens every weight to
+   bfloat16 and multiplies in floating point, reaching about half the memory bandwidth on small
+   matrices. Here the activations are quantized once per call to int8 per 32-column block (scale
+   max|x|/127, as llama.cpp's Q8_1), and each 4-bit weight block meets its activation block in
+   one integer dot product: AVX-512 VNNI's vpdpbusd (64 unsigned x signed byte products an
+   instruction) or AVX2's vpmaddubsw where VNNI is missing, and plain C elsewhere. The float work
+   left is a scale per block: y[n] = sum_b d[n,b] * dx[b] * sum_i q[n,i] * qx[i] + m[n,b] * sx[b],
+   with sx the exact float sum of the block's activations (Q8_1 would round it).
+
+   It is a PyTorch operator (TORCH_LIBRARY), not a ctypes function, so a compiled graph calls it
+   through the dispatcher (under a microsecond) rather than through Python. Threads are PyTorch's
+   own (at::parallel_for over output rows). Each output depends only on its own activation row,
+   so a row's result does not change with how many rows share the call.
+
+   Weights: codes [N, K/2] uint8, block-major as ggml stores Q4: byte i of a 32-column block holds
+   column i in its low nibble and column i + 16 in its high nibble; scales and mins [N, K/32] in
+   float16 or float32 (w = d * q + m). */
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <c10/util/Half.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
+    defined(__AVX512VNNI__)
+#define Q4_AVX512_VNNI 1
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define Q4_AVX2 1
+#endif
+
+namespace {
+
+#ifndef Q4_PREFETCH
+#define Q4_PREFETCH 8192
+#endif
+constexpr int64_t BLOCK = 32;  // columns sharing one scale, in the weights and the activations
+constexpr int64_t GROUP = 4;   // blocks a 64-byte load of packed codes covers
+constexpr int64_t ROW_TILE = 4;     // activation rows sharing one load of a weight group
+constexpr int64_t WEIGHT_TILE = 8;  // weight rows kept in L1 while every activation tile passes
+
+/* One call's activations, quantized. Codes per (row, group of 4 blocks): 128 bytes, the low half
+   holding columns 0..15 of each block (16 j + i for block j) and the high half columns 16..31, so
+   they line up with a 64-byte load of packed codes split into low and high nibbles. */
+struct Quantized {
+    int64_t rows = 0, blocks = 0, groups = 0;
+    std::vector<int8_t> codes;       // [rows, groups, 128]
+    std::vector<float> lane_scale;   // [rows, groups, 16]: dx of block j in lanes 4j..4j+3
+    std::vector<float> block_sum;    // [rows, groups * 4]: the exact sum of each block's values
+    std::vector<float> lane_sum;     // [rows, groups, 16]: block j's sum / 4 in lanes 4j..4j+3
+};
+
+template <typename T>
+inline float as_float(T v) { return static_cast<float>(v); }
+
+template <typename T>
+void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* block_sum,
+                  float* lane_sum) {
+    std::memset(codes, 0, groups * 128);
+    std::fill(lane_scale, lane_scale + groups * 16, 0.0f);
+    std::fill(lane_sum, lane_sum + groups * 16, 0.0f);
+    std::fill(block_sum, block_sum + groups * GROUP, 0.0f);
+    float values[BLOCK];
+    for (int64_t b = 0; b < blocks; b++) {
+        float amax = 0.0f, sum = 0.0f;
+        for (int64_t i = 0; i < BLOCK; i++) {
+            values[i] = as_float(x[b * BLOCK + i]);
+            amax = std::max(amax, std::fabs(values[i]));
+            sum += values[i];
+        }
+        const float scale = amax / 127.0f;
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        const int64_t g = b / GROUP, j = b % GROUP;
+        int8_t* low = codes + g * 128 + 16 * j;
+        int8_t* high = low + 64;
+        for (int64_t i = 0; i < 16; i++) {
+            low[i] = static_cast<int8_t>(std::nearbyint(values[i] * inverse));
+            high[i] = static_cast<int8_t>(std::nearbyint(values[16 + i] * inverse));
+        }
+        for (int64_t lane = 0; lane < 4; lane++) {
+            lane_scale[g * 16 + 4 * j + lane] = scale;
+            lane_sum[g * 16 + 4 * j + lane] = sum * 0.25f;  // exact: a power of two
+        }
+        block_sum[b] = sum;
+    }
+}
+
+Quantized quantize(const at::Tensor& x) {
+    Quantized q;
+    q.rows = x.size(0);
+    q.blocks = x.size(1) / BLOCK;
+    q.groups = (q.blocks + GROUP - 1) / GROUP;
+    q.codes.resize(q.rows * q.groups * 128);
+    q.lane_scale.resize(q.rows * q.groups * 16);
+    q.block_sum.resize(q.rows * q.groups * GROUP);
+    q.lane_sum.resize(q.rows * q.groups * 16);
+    const int64_t k = x.size(1);
+    at::parallel_for(0, q.rows, 16, [&](int64_t begin, int64_t end) {
+        for (int64_t r = begin; r < end; r++) {
+            int8_t* codes = q.codes.data() + r * q.groups * 128;
+            float* lanes = q.lane_scale.data() + r * q.groups * 16;
+            float* sums = q.block_sum.data() + r * q.groups * GROUP;
+            float* quarters = q.lane_sum.data() + r * q.groups * 16;
+            if (x.scalar_type() == at::kBFloat16)
+                quantize_row(x.data_ptr<c10::BFloat16>() + r * k, q.blocks, q.groups, codes, lanes, sums, quarters);
+            else
+                quantize_row(x.data_ptr<float>() + r * k, q.blocks, q.groups, codes, lanes, sums, quarters);
+        }
+    });
+    return q;
+}
+
+#if defined(Q4_AVX512_VNNI)
+template <typename S>
+inline __m128 load4(const S* p, int64_t count) {
+    if constexpr (std::is_same_v<S, float>) {
+        return _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << count) - 1), p);
+    } else {
+        return _mm_cvtph_ps(_mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << count) - 1), p));
+    }
+}
+
+/* Four 16-lane sums at once: [sum a, sum b, sum c, sum d]. */
+inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
+    auto halves = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
+    const __m256 ab = _mm256_hadd_ps(halves(a), halves(b));
+    const __m256 cd = _mm256_hadd_ps(halves(c), halves(d));
+    const __m256 all = _mm256_hadd_ps(ab, cd);
+    return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
+}
+
+/* W weight rows (from codes/scales/mins, row_bytes and blocks apart) against R activation rows
+   (r0..): out[w * 4 + r]. A weight group is loaded and split into nibbles once for the R rows, an
+   activation group once for the W rows; a block's minimum term rides in the same lanes as its
+   dot product (each of its 4 lanes adds m * sum / 4), so a row ends in one reduction. */
+template <typename S, int W, int R>
+inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
+                     const Quantized& q, int64_t r0, float* out) {
+    const __m512i nibble = _mm512_set1_epi8(0x0F);
+    const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    __m512 acc[W][R];
+    for (int w = 0; w < W; w++)
+        for (int r = 0; r < R; r++) acc[w][r] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < q.groups; g++) {
+        const int64_t count = std::min<int64_t>(GROUP, q.blocks - g * GROUP);
+        const __mmask64 mask = count == GROUP ? ~0ULL : (1ULL << (16 * count)) - 1;
+        __m512i low[W], high[W];
+        __m512 d[W], m[W];
+        for (int w = 0; w < W; w++) {
+            const __m512i packed = _mm512_maskz_loadu_epi8(mask, codes + w * row_bytes + g * 64);
+            _mm_prefetch(reinterpret_cast<const char*>(codes + w * row_bytes + g * 64 + Q4_PREFETCH), _MM_HINT_T0);
+            low[w] = _mm512_and_si512(packed, nibble);
+            high[w] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+            d[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(scales + w * blocks + g * GROUP, count)));
+            m[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(mins + w * blocks + g * GROUP, count)));
+        }
+        for (int r = 0; r < R; r++) {
+            const int64_t at = (r0 + r) * q.groups + g;
+            const int8_t* x = q.codes.data() + at * 128;
+            const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + 64);
+            const __m512 dx = _mm512_loadu_ps(q.lane_scale.data() + at * 16);
+            const __m512 quarter_sum = _mm512_loadu_ps(q.lane_sum.data() + at * 16);
+            for (int w = 0; w < W; w++) {
+                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[w], xl);
+                dot = _mm512_dpbusd_epi32(dot, high[w], xh);
+                acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[w], dx), acc[w][r]);
+                acc[w][r] = _mm512_fmadd_ps(m[w], quarter_sum, acc[w][r]);
+            }
+        }
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    for (int r = 0; r < R; r++) {
+        float sums[4];
+        _mm_storeu_ps(sums, reduce4(acc[0][r], W > 1 ? acc[W > 1 ? 1 : 0][r] : zero,
+                                    W > 2 ? acc[W > 2 ? 2 : 0][r] : zero, W > 3 ? acc[W > 3 ? 3 : 0][r] : zero));
+        for (int w = 0; w < W; w++) out[w * 4 + r] = sums[w];
+    }
+}
+#elif defined(Q4_AVX2)
+template <typename S>
+inline __m128 load4(const S* p, int64_t count) {
+    if (count == 4) {
+        if constexpr (std::is_same_v<S, float>) return _mm_loadu_ps(p);
+        else return _mm_cvtph_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+    }
+    if constexpr (std::is_same_v<S, float>) {
+        float f[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        std::memcpy(f, p, count * sizeof(float));
+        return _mm_loadu_ps(f);
+    } else {
+        uint16_t h[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+        std::memcpy(h, p, count * sizeof(uint16_t));
+        return _mm_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(h)));
+    }
+}
+
+template <typename S, int R>
+inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const Quantized& q, int64_t r0,
+                     float* out) {
+    const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256i spread[2] = {_mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2)};
+    __m256 acc[R];
+    __m128 min_acc[R];
+    for (int r = 0; r < R; r++) {
+        acc[r] = _mm256_setzero_ps();
+        min_acc[r] = _mm_setzero_ps();
+    }
+    for (int64_t g = 0; g < q.groups; g++) {
+        const int64_t count = std::min<int64_t>(GROUP, q.blocks - g * GROUP);
+        const __m256 d4 = _mm256_castps128_ps256(load4(scales + g * GROUP, count));
+        const __m128 m = load4(mins + g * GROUP, count);
+        for (int half = 0; half < 2 && 2 * half < count; half++) {
+            const uint8_t* p = codes + g * 64 + 32 * half;
+            const __m256i packed = 2 * half + 1 < count
+                ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                : _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+            const __m256i low = _mm256_and_si256(packed, nibble);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+            const __m256 d = _mm256_permutevar8x32_ps(d4, spread[half]);
+            for (int r = 0; r < R; r++) {
+                const int64_t row = r0 + r;
+                const int8_t* x = q.codes.data() + (row * q.groups + g) * 128 + 32 * half;
+                const __m256i xl = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+                const __m256i xh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 64));
+                // |q x| <= 15 * 127: a pair sums to at most 3810 and two pairs to 7620, inside int16
+                const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, xl), _mm256_maddubs_epi16(high, xh));
+                const __m256i dot = _mm256_madd_epi16(pairs, ones);
+                const __m256 dx = _mm256_loadu_ps(q.lane_scale.data() + (row * q.groups + g) * 16 + 8 * half);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[r]);
+            }
+        }
+        for (int r = 0; r < R; r++) {
+            const __m128 sums = _mm_loadu_ps(q.block_sum.data() + ((r0 + r) * q.groups + g) * GROUP);
+            min_acc[r] = _mm_fmadd_ps(m, sums, min_acc[r]);
+        }
+    }
+    for (int r = 0; r < R; r++) {
+        __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
+        s = _mm_add_ps(s, min_acc[r]);
+        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        out[r] = _mm_cvtss_f32(s);
+    }
+}
+#else
+template <typename S, int R>
+inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const Quantized& q, int64_t r0,
+                     float* out) {
+    for (int r = 0; r < R; r++) {
+        const int64_t row = r0 + r;
+        float total = 0.0f;
+        for (int64_t b = 0; b < q.blocks; b++) {
+            const int64_t g = b / GROUP, j = b % GROUP;
+            const int8_t* x = q.codes.data() + (row * q.groups + g) * 128 + 16 * j;
+            int32_t dot = 0;
+            for (int64_t i = 0; i < 16; i++) {
+                const uint8_t byte = codes[b * 16 + i];
+                dot += static_cast<int32_t>(byte & 0x0F) * x[i] + static_cast<int32_t>(byte >> 4) * x[64 + i];
+            }
+            const float dx = q.lane_scale[(row * q.groups + g) * 16 + 4 * j];
+            total += as_float(scales[b]) * dx * static_cast<float>(dot)
+                + as_float(mins[b]) * q.block_sum[(row * q.groups) * GROUP + b];
+        }
+        out[r] = total;
+    }
+}
+
+/* The same tile contract as the AVX-512 path, one weight row at a time. */
+template <typename S, int W, int R>
+inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
+                     const Quantized& q, int64_t r0, float* out) {
+    float dots[R];
+    for (int w = 0; w < W; w++) {
+        rows_dot<S, R>(codes + w * row_bytes, scales + w * blocks, mins + w * blocks, q, r0, dots);
+        for (int r = 0; r < R; r++) out[w * 4 + r] = dots[r];
+    }
+}
+#endif
+
+template <typename S, int W>
+inline void tile_rows(const uint8_t* c, const S* s, const S* m, int64_t row_bytes, int64_t blocks, const Quantized& q,
+                      int64_t r0, int64_t count, float* dots) {
+    switch (count) {
+        case 1: tile_dot<S, W, 1>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 2: tile_dot<S, W, 2>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 3: tile_dot<S, W, 3>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        default: tile_dot<S, W, 4>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+    }
+}
+
+template <typename S, typename T>
+void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S* mins, int64_t n_rows, T* out) {
+    const int64_t row_bytes = q.blocks * 16;
+    // a thread's share is at least ~2048 block products (~10 us): fewer rows are not worth a wake-up
+    const int64_t grain = std::max<int64_t>(WEIGHT_TILE, 2048 / std::max<int64_t>(q.blocks * q.rows, 1));
+    at::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
+        float dots[4 * ROW_TILE];
+        for (int64_t tile = begin; tile < end; tile += WEIGHT_TILE) {
+            const int64_t tile_end = std::min(end, tile + WEIGHT_TILE);
+            for (int64_t r0 = 0; r0 < q.rows; r0 += ROW_TILE) {
+                const int64_t count = std::min(ROW_TILE, q.rows - r0);
+                for (int64_t n = tile; n < tile_end; n += 4) {
+                    const int64_t weights = std::min<int64_t>(4, tile_end - n);
+                    const uint8_t* c = codes + n * row_bytes;
+                    const S* s = scales + n * q.blocks;
+                    const S* m = mins + n * q.blocks;
+                    switch (weights) {
+                        case 1: tile_rows<S, 1>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 2: tile_rows<S, 2>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 3: tile_rows<S, 3>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        default: tile_rows<S, 4>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                    }
+                    for (int64_t w = 0; w < weights; w++)
+                        for (int64_t r = 0; r < count; r++) out[(r0 + r) * n_rows + n + w] = static_cast<T>(dots[w * 4 + r]);
+                }
+            }
+        }
+    });
+}
+
+at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
+    TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "q4_linear: x must be a contiguous [rows, in_features] matrix");
+    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+                "q4_linear: x must be float32 or bfloat16");
+    TORCH_CHECK(x.size(1) % BLOCK == 0, "q4_linear: in_features must be a multiple of 32");
+    const int64_t n_rows = codes.size(0), blocks = x.size(1) / BLOCK;
+    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2 &&
+                codes.size(1) == blocks * 16, "q4_linear: codes must be contiguous uint8 [out_features, in_features / 2]");
+    TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
+                (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+                "q4_linear: scales and mins must both be float16 or both float32");
+    TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
+                mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
+                "q4_linear: scales and mins must be contiguous [out_features, in_features / 32]");
+    at::Tensor out = at::empty({x.size(0), n_rows}, x.options());
+    if (x.size(0) == 0 || n_rows == 0) return out;
+    const Quantized q = quantize(x);
+    const uint8_t* c = codes.data_ptr<uint8_t>();
+    const bool half = scales.scalar_type() == at::kHalf;
+    if (x.scalar_type() == at::kBFloat16) {
+        auto* o = out.data_ptr<c10::BFloat16>();
+        if (half) multiply(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), n_rows, o);
+        else multiply(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), n_rows, o);
+    } else {
+        auto* o = out.data_ptr<float>();
+        if (half) multiply(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), n_rows, o);
+        else multiply(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), n_rows, o);
+    }
+    return out;
+}
+
+/* Which integer dot product this build uses: 2 AVX-512 VNNI, 1 AVX2, 0 plain C. */
+int64_t q4_isa() {
+#if defined(Q4_AVX512_VNNI)
+    return 2;
+#elif defined(Q4_AVX2)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+}  // namespace
+
+TORCH_LIBRARY(decoda_q4, m) {
+    m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins) -> Tensor");
+    m.def("isa() -> int");
+    m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(q4_linear));
+    m.impl("isa", c10::DispatchKey::CatchAll, TORCH_FN(q4_isa));
+}
