@@ -2,12 +2,15 @@
 
 The figure issue 25's per-step profile asks for: the engine's own step (forward, sampling, stop
 checks), no HTTP around it. Every row gets the same chat prompt and forced-length greedy tokens, so
-steps differ only by the rows' lengths. ``--ab-fused`` measures each case twice, taking turns over
-three rounds: with the fused K/V write + decode attention call (``paged_write_decode``) and with
-the PyTorch writes around the plain decode kernel it replaced, so the gain is read within a round.
+steps differ only by the rows' lengths. ``--ab-q4`` builds a second engine whose 4-bit weights take
+PyTorch's int4 kernel instead of the native one and times both in turns. ``--ab-fused`` measures
+each case twice, taking turns over three rounds: with the fused K/V write + decode attention call
+(``paged_write_decode``) and with the PyTorch writes around the plain decode kernel it replaced,
+so the gain is read within a round.
 
     .venv/bin/python -m loadtests.bench_step --modes float32,bfloat16,gguf,gguf+bfloat16 --ab-fused
     .venv/bin/python -m loadtests.bench_step --modes gguf --compile
+    .venv/bin/python -m loadtests.bench_step --modes gguf,int4 --ab-q4   # the native 4-bit kernel's gain
 """
 
 from __future__ import annotations
@@ -15,12 +18,15 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
 import decoding.model.attention as attention
 from decoding.engine.core import Engine
 from decoding.model.loading import load_model
+from decoding.model.quantization import q4_matrix
 from decoding.params import GenerationParams
 from loadtests.bench_decode import build_engine, chat_prompt_ids
 from loadtests.compare import cpu_summary
@@ -39,6 +45,17 @@ def build(mode: str, rows: int, compile_layers: bool, tokenizer: object, eos: li
     config = ("bf16" if "bfloat16" in (weights, activations) else "fp32") + ("+compile" if compile_layers else "")
     quantization = weights if weights in ("gguf", "int8", "int4") else "none"
     return build_engine(MODEL, config, tokenizer, eos, quantization=quantization, max_num_seqs=rows)
+
+
+@contextmanager
+def _without_native_q4() -> Iterator[None]:
+    """Engines built inside take PyTorch's int4 kernel for 4-bit weights, as where q4_gemv cannot run."""
+    saved = list(q4_matrix._state)
+    q4_matrix._state[:] = [None]
+    try:
+        yield
+    finally:
+        q4_matrix._state[:] = saved
 
 
 def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int) -> float:
@@ -65,7 +82,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--compile", action="store_true", help="compile the decoder layers as --compile does")
     parser.add_argument("--ab-fused", action="store_true", help="also time the unfused K/V write + attention")
+    parser.add_argument("--ab-q4", action="store_true", help="also time 4-bit weights on PyTorch's int4 kernel "
+                        "instead of the native one (q4_gemv)")  # fmt: skip
     args = parser.parse_args()
+    if args.ab_q4 and args.compile:
+        parser.error("--ab-q4 times two engines in one process, which --compile cannot (they would share "
+                     "one code object's graphs); compare two processes with DECODA_Q4_KERNEL=torch instead")
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
     reference = load_model(MODEL)  # its tokenizer and eos ids, as bench_decode hands them to each engine
     tokenizer, eos, prompt = reference.tokenizer, reference.eos_token_ids, chat_prompt_ids(reference.tokenizer)
@@ -73,19 +95,25 @@ def main() -> None:
     for mode in args.modes.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
             engine = build(mode, rows, args.compile, tokenizer, eos)
-            median_step_ms(engine, prompt, rows, 16)  # warm
-            variants = {"fused": FUSED, **({"unfused": _unfused} if args.ab_fused else {})}
-            times: dict[str, list[float]] = {name: [] for name in variants}
+            engines = {"fused": engine}
+            if args.ab_fused:
+                engines["unfused"] = engine  # the same engine, attention.paged_write_decode swapped
+            if args.ab_q4:
+                with _without_native_q4():
+                    engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos)
+            for each in set(map(id, engines.values())):
+                median_step_ms(next(e for e in engines.values() if id(e) == each), prompt, rows, 16)  # warm
+            times: dict[str, list[float]] = {name: [] for name in engines}
             for _ in range(3):
-                for name, function in variants.items():
-                    attention.paged_write_decode = function
-                    times[name].append(median_step_ms(engine, prompt, rows, args.new_tokens))
+                for name, each in engines.items():
+                    attention.paged_write_decode = _unfused if name == "unfused" else FUSED
+                    times[name].append(median_step_ms(each, prompt, rows, args.new_tokens))
             attention.paged_write_decode = FUSED
             line = f"{mode:16} rows {rows:2}: step {statistics.median(times['fused']):6.2f} ms"
-            if args.ab_fused:
-                ratios = [u / f for u, f in zip(times["unfused"], times["fused"], strict=True)]
+            for name in engines.keys() - {"fused"}:
+                ratios = [u / f for u, f in zip(times[name], times["fused"], strict=True)]
                 rounds = ", ".join(f"{r:.3f}" for r in ratios)
-                line += (f", unfused {statistics.median(times['unfused']):6.2f} ms, unfused/fused "
+                line += (f", {name} {statistics.median(times[name]):6.2f} ms, {name}/this "
                          f"{statistics.median(ratios):.3f} (rounds {rounds})")  # fmt: skip
             print(line + (" [compiled]" if args.compile else ""), flush=True)
 

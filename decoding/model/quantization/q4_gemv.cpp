@@ -66,6 +66,60 @@ struct Quantized {
 template <typename T>
 inline float as_float(T v) { return static_cast<float>(v); }
 
+/* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale and sum.
+   Rounding is to nearest even (the vector conversions' default, as nearbyint). */
+#if defined(Q4_AVX512_VNNI)
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+    const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+    scale = amax / 127.0f;
+    const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inverse))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inverse))));
+}
+#elif defined(Q4_AVX2)
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 parts[4], top = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+        parts[i] = _mm256_loadu_ps(v + 8 * i);
+        top = _mm256_max_ps(top, _mm256_andnot_ps(sign, parts[i]));
+        total = _mm256_add_ps(total, parts[i]);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    sum = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+    scale = amax / 127.0f;
+    const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    alignas(32) int32_t codes[32];
+    for (int i = 0; i < 4; i++)
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(parts[i], inverse)));
+    for (int i = 0; i < 16; i++) {
+        low[i] = static_cast<int8_t>(codes[i]);
+        high[i] = static_cast<int8_t>(codes[16 + i]);
+    }
+}
+#else
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+    float amax = 0.0f;
+    sum = 0.0f;
+    for (int64_t i = 0; i < BLOCK; i++) {
+        amax = std::max(amax, std::fabs(v[i]));
+        sum += v[i];
+    }
+    scale = amax / 127.0f;
+    const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    for (int64_t i = 0; i < 16; i++) {
+        low[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
+        high[i] = static_cast<int8_t>(std::nearbyint(v[16 + i] * inverse));
+    }
+}
+#endif
+
 template <typename T>
 void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* block_sum,
                   float* lane_sum) {
@@ -73,23 +127,18 @@ void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, flo
     std::fill(lane_scale, lane_scale + groups * 16, 0.0f);
     std::fill(lane_sum, lane_sum + groups * 16, 0.0f);
     std::fill(block_sum, block_sum + groups * GROUP, 0.0f);
-    float values[BLOCK];
+    float widened[BLOCK];
     for (int64_t b = 0; b < blocks; b++) {
-        float amax = 0.0f, sum = 0.0f;
-        for (int64_t i = 0; i < BLOCK; i++) {
-            values[i] = as_float(x[b * BLOCK + i]);
-            amax = std::max(amax, std::fabs(values[i]));
-            sum += values[i];
+        const float* values;
+        if constexpr (std::is_same_v<T, float>) {
+            values = x + b * BLOCK;
+        } else {
+            for (int64_t i = 0; i < BLOCK; i++) widened[i] = static_cast<float>(x[b * BLOCK + i]);
+            values = widened;
         }
-        const float scale = amax / 127.0f;
-        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
         const int64_t g = b / GROUP, j = b % GROUP;
-        int8_t* low = codes + g * 128 + 16 * j;
-        int8_t* high = low + 64;
-        for (int64_t i = 0; i < 16; i++) {
-            low[i] = static_cast<int8_t>(std::nearbyint(values[i] * inverse));
-            high[i] = static_cast<int8_t>(std::nearbyint(values[16 + i] * inverse));
-        }
+        float scale, sum;
+        quantize_block(values, codes + g * 128 + 16 * j, codes + g * 128 + 64 + 16 * j, scale, sum);
         for (int64_t lane = 0; lane < 4; lane++) {
             lane_scale[g * 16 + 4 * j + lane] = scale;
             lane_sum[g * 16 + 4 * j + lane] = sum * 0.25f;  // exact: a power of two
@@ -108,7 +157,7 @@ Quantized quantize(const at::Tensor& x) {
     q.block_sum.resize(q.rows * q.groups * GROUP);
     q.lane_sum.resize(q.rows * q.groups * 16);
     const int64_t k = x.size(1);
-    at::parallel_for(0, q.rows, 16, [&](int64_t begin, int64_t end) {
+    at::parallel_for(0, q.rows, 4, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; r++) {
             int8_t* codes = q.codes.data() + r * q.groups * 128;
             float* lanes = q.lane_scale.data() + r * q.groups * 16;
@@ -279,6 +328,9 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
     }
 }
 
+#endif
+
+#if !defined(Q4_AVX512_VNNI)
 /* The same tile contract as the AVX-512 path, one weight row at a time. */
 template <typename S, int W, int R>
 inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
