@@ -2,15 +2,15 @@
 
 The figure issue 25's per-step profile asks for: the engine's own step (forward, sampling, stop
 checks), no HTTP around it. Every row gets the same chat prompt and forced-length greedy tokens, so
-steps differ only by the rows' lengths. ``--ab-q4`` builds a second engine whose 4-bit weights take
-PyTorch's int4 kernel instead of the native one and times both in turns. ``--ab-fused`` measures
+steps differ only by the rows' lengths. ``--ab-kernel`` builds a second engine whose GGUF/int4
+weights take PyTorch's int4 kernel instead of the native block kernel and times both in turns. ``--ab-fused`` measures
 each case twice, taking turns over three rounds: with the fused K/V write + decode attention call
 (``paged_write_decode``) and with the PyTorch writes around the plain decode kernel it replaced,
 so the gain is read within a round.
 
     .venv/bin/python -m loadtests.bench_step --modes float32,bfloat16,gguf,gguf+bfloat16 --ab-fused
     .venv/bin/python -m loadtests.bench_step --modes gguf --compile
-    .venv/bin/python -m loadtests.bench_step --modes gguf,int4 --ab-q4   # the native 4-bit kernel's gain
+    .venv/bin/python -m loadtests.bench_step --modes gguf,int4 --ab-kernel
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import torch
 import decoding.model.attention as attention
 from decoding.engine.core import Engine
 from decoding.model.loading import load_model
-from decoding.model.quantization import q4_matrix
+from decoding.model.quantization import block_matrix
 from decoding.params import GenerationParams
 from loadtests.bench_decode import build_engine, chat_prompt_ids
 from loadtests.compare import cpu_summary
@@ -48,14 +48,14 @@ def build(mode: str, rows: int, compile_layers: bool, tokenizer: object, eos: li
 
 
 @contextmanager
-def _without_native_q4() -> Iterator[None]:
-    """Engines built inside take PyTorch's int4 kernel for 4-bit weights, as where q4_gemv cannot run."""
-    saved = list(q4_matrix._state)
-    q4_matrix._state[:] = [None]
+def _without_block_kernel() -> Iterator[None]:
+    """Engines built inside take PyTorch's int4 kernel for every block weight, as where block_dot.cpp cannot run."""
+    saved = list(block_matrix._state)
+    block_matrix._state[:] = [None]
     try:
         yield
     finally:
-        q4_matrix._state[:] = saved
+        block_matrix._state[:] = saved
 
 
 def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int) -> float:
@@ -82,12 +82,12 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--compile", action="store_true", help="compile the decoder layers as --compile does")
     parser.add_argument("--ab-fused", action="store_true", help="also time the unfused K/V write + attention")
-    parser.add_argument("--ab-q4", action="store_true", help="also time 4-bit weights on PyTorch's int4 kernel "
-                        "instead of the native one (q4_gemv)")  # fmt: skip
+    parser.add_argument("--ab-kernel", action="store_true", help="also time GGUF/int4 weights on PyTorch's "
+                        "int4 kernel instead of the native block kernel (block_dot.cpp)")  # fmt: skip
     args = parser.parse_args()
-    if args.ab_q4 and args.compile:
-        parser.error("--ab-q4 times two engines in one process, which --compile cannot (they would share "
-                     "one code object's graphs); compare two processes with DECODA_Q4_KERNEL=torch instead")
+    if args.ab_kernel and args.compile:
+        parser.error("--ab-kernel times two engines in one process, which --compile cannot (they would share "
+                     "one code object's graphs); compare two processes with DECODA_BLOCK_KERNEL=torch instead")
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
     reference = load_model(MODEL)  # its tokenizer and eos ids, as bench_decode hands them to each engine
     tokenizer, eos, prompt = reference.tokenizer, reference.eos_token_ids, chat_prompt_ids(reference.tokenizer)
@@ -98,8 +98,8 @@ def main() -> None:
             engines = {"fused": engine}
             if args.ab_fused:
                 engines["unfused"] = engine  # the same engine, attention.paged_write_decode swapped
-            if args.ab_q4:
-                with _without_native_q4():
+            if args.ab_kernel:
+                with _without_block_kernel():
                     engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos)
             for each in set(map(id, engines.values())):
                 median_step_ms(next(e for e in engines.values() if id(e) == each), prompt, rows, 16)  # warm

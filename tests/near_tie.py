@@ -1,10 +1,11 @@
-"""Token equality for models whose kernels quantize activations (the 4-bit kernel: int8 per block).
+"""Token equality for models whose kernels quantize activations (the block kernel: int8 per block).
 
 Both sides run the same quantized modules, but Decoda's paged attention and transformers' differ by
 float reassociation; where an activation lies near a rounding boundary of its block's int8 grid
-that difference lands on the other side, moving a logit by a few bfloat16 steps (the low-bit LM
-heads return bfloat16). That can swap two logits closer than that and nothing else, so the
-sequences must agree token for token until such a near tie, and part there only on a tied token.
+that difference can land on the other side and move a logit by a few bfloat16 steps (where the LM
+head is PyTorch's int4 or int8 kernel its logits are bfloat16 too). That can swap two logits closer
+than that and nothing else, so the sequences must agree token for token until such a near tie, and
+part there only on a tied token (on the EPYC of issue 25's note every family agrees exactly).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-NEAR_TIE = 2.0**-6  # of the top logit: four bfloat16 steps (the Q8_0 LM head's kernel returns bfloat16)
+NEAR_TIE = 2.0**-6  # of the top logit: four bfloat16 steps
 
 
 def near_ties(model: nn.Module, prompt_ids: list[int], tokens: list[int]) -> list[set[int]]:

@@ -86,7 +86,7 @@ def test_gguf_blocks_replace_the_weights_transformers_dequantized(tiny, tmp_path
     ids = torch.tensor([[5, 900, 77, 4000, 31, 2]])
     with torch.no_grad():
         expected, got = model(ids).logits, quantized(ids).logits
-    # bfloat16 activations inside the kernels: the logits agree to bfloat16 precision
+    # int8 activations per block in the block kernel (bfloat16 ones in PyTorch's): the logits agree within 2%
     assert float((got - expected).abs().max()) <= 2e-2 * float(expected.abs().max())
 
 

@@ -3,8 +3,8 @@
 Modes (vLLM's flag name and values where they exist):
 
 * ``none``: float weights (then packed for oneDNN by ``weight_layout``).
-* ``gguf``: the GGUF file's own blocks, every quantized tensor the file has (4-bit ones through
-  the native integer kernel, ``q4_matrix``, where it runs; the rest through PyTorch's int4 kernel); tensors the file
+* ``gguf``: the GGUF file's own blocks, every quantized tensor the file has (through the native
+  integer kernel, ``block_matrix``, where it runs; otherwise PyTorch's int4 kernel); tensors the file
   keeps in float (norms, and any F32/F16 matrix) stay float. A block type without a kernel path
   is refused at load, naming the tensor and the type.
 * ``int8``: every linear, the embedding and the LM head, int8 per output channel.
@@ -31,11 +31,11 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from decoding.model.packed_linear import own_remaining_tensors
-from decoding.model.quantization import q4_matrix
+from decoding.model.quantization import block_matrix
 from decoding.model.quantization.affine import AffineCodes
+from decoding.model.quantization.block_matrix import BlockMatrix
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
-from decoding.model.quantization.q4_matrix import Q4Matrix
 from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -77,10 +77,11 @@ class _Source:
 
 
 def _codes_matrix(codes: AffineCodes, lookup: bool) -> LowBitMatrix:
-    """The native 4-bit kernel where the codes fit it and it runs here (faster at a few rows), else
-    PyTorch's int4 kernel (wider codes, 16-column groups, and the embedding's row lookup)."""
-    if not lookup and q4_matrix.fits(codes) and q4_matrix.available():
-        return Q4Matrix(codes)
+    """The native block kernel where the codes fit it on this CPU (faster at a few rows; 8-bit codes
+    also serve an embedding's rows), else PyTorch's int4 kernel (Q6_K's 16-column groups, 5- to
+    8-bit codes without AVX-512 VNNI, a 4-bit embedding's row lookup)."""
+    if block_matrix.fits(codes) and (not lookup or codes.bits > 4):
+        return BlockMatrix(codes)
     return Int4Matrix(codes, lookup=lookup)
 
 

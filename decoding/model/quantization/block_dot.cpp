@@ -1,4 +1,4 @@
-/* 4-bit weights times int8 activations with integer dot products: llama.cpp's Q4_1 x Q8_1 idea.
+/* Low-bit block weights times int8 activations with integer dot products: llama.cpp's Q4_1 x Q8_1.
 
    Why: at one token a step is a matrix-vector product per linear, bound by how fast the weights
    stream from memory. PyTorch's int4 kernel (_weight_int4pack_mm_for_cpu) widens every weight to
@@ -8,16 +8,20 @@
    one integer dot product: AVX-512 VNNI's vpdpbusd (64 unsigned x signed byte products an
    instruction) or AVX2's vpmaddubsw where VNNI is missing, and plain C elsewhere. The float work
    left is a scale per block: y[n] = sum_b d[n,b] * dx[b] * sum_i q[n,i] * qx[i] + m[n,b] * sx[b],
-   with sx the exact float sum of the block's activations (Q8_1 would round it).
+   with sx = dx[b] * sum_i qx[i], the block's rounded activations summed (Q8_1's s).
 
    It is a PyTorch operator (TORCH_LIBRARY), not a ctypes function, so a compiled graph calls it
    through the dispatcher (under a microsecond) rather than through Python. Threads are PyTorch's
    own (at::parallel_for over output rows). Each output depends only on its own activation row,
    so a row's result does not change with how many rows share the call.
 
-   Weights: codes [N, K/2] uint8, block-major as ggml stores Q4: byte i of a 32-column block holds
-   column i in its low nibble and column i + 16 in its high nibble; scales and mins [N, K/32] in
-   float16 or float32 (w = d * q + m). */
+   Weights, w = d * q + m per 32-column block (scales d and minimums m [N, K/32] in float16 or
+   float32), as codes [N, K * bits / 8] uint8 in one of two layouts:
+   - 4 bits: ggml's Q4 order: byte i of a block holds column i in its low nibble and column i + 16
+     in its high nibble;
+   - 8 bits (codes up to 255: GGUF's Q5 and Q8 types; AVX-512 VNNI only, since AVX2's byte
+     product saturates): per group of 4 blocks, columns 0..15 of each block (16 bytes a block), then
+     columns 16..31, so a group loads as the same two halves the 4-bit codes split into. */
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/ops/empty.h>
@@ -37,9 +41,9 @@
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512DQ__) && defined(__AVX512VL__) && \
     defined(__AVX512VNNI__)
-#define Q4_AVX512_VNNI 1
+#define BLOCK_AVX512_VNNI 1
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
-#define Q4_AVX2 1
+#define BLOCK_AVX2 1
 #endif
 
 namespace {
@@ -59,64 +63,67 @@ struct Quantized {
     int64_t rows = 0, blocks = 0, groups = 0;
     std::vector<int8_t> codes;       // [rows, groups, 128]
     std::vector<float> lane_scale;   // [rows, groups, 16]: dx of block j in lanes 4j..4j+3
-    std::vector<float> block_sum;    // [rows, groups * 4]: the exact sum of each block's values
+    std::vector<float> block_sum;    // [rows, groups * 4]: each block's rounded values summed
     std::vector<float> lane_sum;     // [rows, groups, 16]: block j's sum / 4 in lanes 4j..4j+3
 };
 
 template <typename T>
 inline float as_float(T v) { return static_cast<float>(v); }
 
-/* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale and sum.
+/* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale and the
+   sum of its ROUNDED values (scale * sum of codes), as Q8_1 keeps: the minimum term m * sum then
+   sees the same activations as the code term, so their rounding errors cancel as they do in the
+   product with the whole weight d * q + m. (With the exact sum the code term's error, d * q * e,
+   no longer cancels: on SmolLM2 the mean KL to the float model was 0.015 instead of 0.003.)
    Rounding is to nearest even (the vector conversions' default, as nearbyint). */
-#if defined(Q4_AVX512_VNNI)
+#if defined(BLOCK_AVX512_VNNI)
 inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
     const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
-    sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
     scale = amax / 127.0f;
     const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inverse))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inverse))));
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtsepi32_epi8(qb));
+    sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
 }
-#elif defined(Q4_AVX2)
+#elif defined(BLOCK_AVX2)
 inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 parts[4], top = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+    __m256 parts[4], top = _mm256_setzero_ps();
     for (int i = 0; i < 4; i++) {
         parts[i] = _mm256_loadu_ps(v + 8 * i);
         top = _mm256_max_ps(top, _mm256_andnot_ps(sign, parts[i]));
-        total = _mm256_add_ps(total, parts[i]);
     }
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     m = _mm_max_ps(m, _mm_movehl_ps(m, m));
     const float amax = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
-    __m128 t = _mm_add_ps(_mm256_castps256_ps128(total), _mm256_extractf128_ps(total, 1));
-    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-    sum = _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
     scale = amax / 127.0f;
     const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     alignas(32) int32_t codes[32];
     for (int i = 0; i < 4; i++)
         _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(parts[i], inverse)));
+    int32_t total = 0;
     for (int i = 0; i < 16; i++) {
         low[i] = static_cast<int8_t>(codes[i]);
         high[i] = static_cast<int8_t>(codes[16 + i]);
+        total += codes[i] + codes[16 + i];
     }
+    sum = scale * static_cast<float>(total);
 }
 #else
 inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
     float amax = 0.0f;
-    sum = 0.0f;
-    for (int64_t i = 0; i < BLOCK; i++) {
-        amax = std::max(amax, std::fabs(v[i]));
-        sum += v[i];
-    }
+    for (int64_t i = 0; i < BLOCK; i++) amax = std::max(amax, std::fabs(v[i]));
     scale = amax / 127.0f;
     const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t total = 0;
     for (int64_t i = 0; i < 16; i++) {
         low[i] = static_cast<int8_t>(std::nearbyint(v[i] * inverse));
         high[i] = static_cast<int8_t>(std::nearbyint(v[16 + i] * inverse));
+        total += low[i] + high[i];
     }
+    sum = scale * static_cast<float>(total);
 }
 #endif
 
@@ -172,7 +179,7 @@ Quantized quantize(const at::Tensor& x) {
     return q;
 }
 
-#if defined(Q4_AVX512_VNNI)
+#if defined(BLOCK_AVX512_VNNI)
 template <typename S>
 inline __m128 load4(const S* p, int64_t count) {
     if constexpr (std::is_same_v<S, float>) {
@@ -195,7 +202,7 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
    (r0..): out[w * 4 + r]. A weight group is loaded and split into nibbles once for the R rows, an
    activation group once for the W rows; a block's minimum term rides in the same lanes as its
    dot product (each of its 4 lanes adds m * sum / 4), so a row ends in one reduction. */
-template <typename S, int W, int R>
+template <int BITS, typename S, int W, int R>
 inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
                      const Quantized& q, int64_t r0, float* out) {
     const __m512i nibble = _mm512_set1_epi8(0x0F);
@@ -209,10 +216,15 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
         __m512i low[W], high[W];
         __m512 d[W], m[W];
         for (int w = 0; w < W; w++) {
-            const __m512i packed = _mm512_maskz_loadu_epi8(mask, codes + w * row_bytes + g * 64);
-            _mm_prefetch(reinterpret_cast<const char*>(codes + w * row_bytes + g * 64 + Q4_PREFETCH), _MM_HINT_T0);
-            low[w] = _mm512_and_si512(packed, nibble);
-            high[w] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+            if constexpr (BITS == 4) {
+                const __m512i packed = _mm512_maskz_loadu_epi8(mask, codes + w * row_bytes + g * 64);
+                low[w] = _mm512_and_si512(packed, nibble);
+                high[w] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+            } else {  // a group's low halves, then its high halves (16 bytes a block each)
+                const uint8_t* at = codes + w * row_bytes + g * 128;
+                low[w] = _mm512_maskz_loadu_epi8(mask, at);
+                high[w] = _mm512_maskz_loadu_epi8(mask, at + 16 * count);
+            }
             d[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(scales + w * blocks + g * GROUP, count)));
             m[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(mins + w * blocks + g * GROUP, count)));
         }
@@ -238,7 +250,7 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
         for (int w = 0; w < W; w++) out[w * 4 + r] = sums[w];
     }
 }
-#elif defined(Q4_AVX2)
+#elif defined(BLOCK_AVX2)
 template <typename S>
 inline __m128 load4(const S* p, int64_t count) {
     if (count == 4) {
@@ -330,9 +342,10 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
 
 #endif
 
-#if !defined(Q4_AVX512_VNNI)
-/* The same tile contract as the AVX-512 path, one weight row at a time. */
-template <typename S, int W, int R>
+#if !defined(BLOCK_AVX512_VNNI)
+/* The same tile contract as the AVX-512 path, one weight row at a time (4-bit codes only: AVX2's
+   byte product saturates past 4-bit x 8-bit, so wider codes are refused without VNNI). */
+template <int BITS, typename S, int W, int R>
 inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
                      const Quantized& q, int64_t r0, float* out) {
     float dots[R];
@@ -343,20 +356,20 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
 }
 #endif
 
-template <typename S, int W>
+template <int BITS, typename S, int W>
 inline void tile_rows(const uint8_t* c, const S* s, const S* m, int64_t row_bytes, int64_t blocks, const Quantized& q,
                       int64_t r0, int64_t count, float* dots) {
     switch (count) {
-        case 1: tile_dot<S, W, 1>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        case 2: tile_dot<S, W, 2>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        case 3: tile_dot<S, W, 3>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        default: tile_dot<S, W, 4>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 1: tile_dot<BITS, S, W, 1>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 2: tile_dot<BITS, S, W, 2>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 3: tile_dot<BITS, S, W, 3>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        default: tile_dot<BITS, S, W, 4>(c, s, m, row_bytes, blocks, q, r0, dots); break;
     }
 }
 
-template <typename S, typename T>
+template <int BITS, typename S, typename T>
 void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S* mins, int64_t n_rows, T* out) {
-    const int64_t row_bytes = q.blocks * 16;
+    const int64_t row_bytes = q.blocks * BITS * 4;
     // a thread's share is at least ~2048 block products (~10 us): fewer rows are not worth a wake-up
     const int64_t grain = std::max<int64_t>(WEIGHT_TILE, 2048 / std::max<int64_t>(q.blocks * q.rows, 1));
     at::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
@@ -371,10 +384,10 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
                     const S* s = scales + n * q.blocks;
                     const S* m = mins + n * q.blocks;
                     switch (weights) {
-                        case 1: tile_rows<S, 1>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        case 2: tile_rows<S, 2>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        case 3: tile_rows<S, 3>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        default: tile_rows<S, 4>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 1: tile_rows<BITS, S, 1>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 2: tile_rows<BITS, S, 2>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 3: tile_rows<BITS, S, 3>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        default: tile_rows<BITS, S, 4>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
                     }
                     for (int64_t w = 0; w < weights; w++)
                         for (int64_t r = 0; r < count; r++) out[(r0 + r) * n_rows + n + w] = static_cast<T>(dots[w * 4 + r]);
@@ -384,42 +397,60 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
     });
 }
 
-at::Tensor q4_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins) {
-    TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "q4_linear: x must be a contiguous [rows, in_features] matrix");
+template <int BITS, typename T>
+void dispatch_scales(const Quantized& q, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                     T* out) {
+    const uint8_t* c = codes.data_ptr<uint8_t>();
+    if (scales.scalar_type() == at::kHalf)
+        multiply<BITS>(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), codes.size(0), out);
+    else
+        multiply<BITS>(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), codes.size(0), out);
+}
+
+template <typename T>
+void dispatch_bits(const Quantized& q, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                   int64_t bits, T* out) {
+#if defined(BLOCK_AVX512_VNNI)
+    if (bits == 8) return dispatch_scales<8>(q, codes, scales, mins, out);
+#endif
+    dispatch_scales<4>(q, codes, scales, mins, out);
+}
+
+at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
+                        int64_t bits) {
+    TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "block linear: x must be a contiguous [rows, in_features] matrix");
     TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
-                "q4_linear: x must be float32 or bfloat16");
-    TORCH_CHECK(x.size(1) % BLOCK == 0, "q4_linear: in_features must be a multiple of 32");
+                "block linear: x must be float32 or bfloat16");
+    TORCH_CHECK(x.size(1) % BLOCK == 0, "block linear: in_features must be a multiple of 32");
+    TORCH_CHECK(bits == 4 || bits == 8, "block linear: codes are 4 or 8 bits");
+#if !defined(BLOCK_AVX512_VNNI)
+    TORCH_CHECK(bits == 4, "block linear: 8-bit codes need AVX-512 VNNI");
+#endif
     const int64_t n_rows = codes.size(0), blocks = x.size(1) / BLOCK;
     TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2 &&
-                codes.size(1) == blocks * 16, "q4_linear: codes must be contiguous uint8 [out_features, in_features / 2]");
+                codes.size(1) == blocks * bits * 4,
+                "block linear: codes must be contiguous uint8 [out_features, in_features * bits / 8]");
     TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
                 (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
-                "q4_linear: scales and mins must both be float16 or both float32");
+                "block linear: scales and mins must both be float16 or both float32");
     TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
                 mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
-                "q4_linear: scales and mins must be contiguous [out_features, in_features / 32]");
+                "block linear: scales and mins must be contiguous [out_features, in_features / 32]");
     at::Tensor out = at::empty({x.size(0), n_rows}, x.options());
     if (x.size(0) == 0 || n_rows == 0) return out;
     const Quantized q = quantize(x);
-    const uint8_t* c = codes.data_ptr<uint8_t>();
-    const bool half = scales.scalar_type() == at::kHalf;
-    if (x.scalar_type() == at::kBFloat16) {
-        auto* o = out.data_ptr<c10::BFloat16>();
-        if (half) multiply(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), n_rows, o);
-        else multiply(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), n_rows, o);
-    } else {
-        auto* o = out.data_ptr<float>();
-        if (half) multiply(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), n_rows, o);
-        else multiply(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), n_rows, o);
-    }
+    if (x.scalar_type() == at::kBFloat16)
+        dispatch_bits(q, codes, scales, mins, bits, out.data_ptr<c10::BFloat16>());
+    else
+        dispatch_bits(q, codes, scales, mins, bits, out.data_ptr<float>());
     return out;
 }
 
 /* Which integer dot product this build uses: 2 AVX-512 VNNI, 1 AVX2, 0 plain C. */
-int64_t q4_isa() {
-#if defined(Q4_AVX512_VNNI)
+int64_t block_isa() {
+#if defined(BLOCK_AVX512_VNNI)
     return 2;
-#elif defined(Q4_AVX2)
+#elif defined(BLOCK_AVX2)
     return 1;
 #else
     return 0;
@@ -428,9 +459,9 @@ int64_t q4_isa() {
 
 }  // namespace
 
-TORCH_LIBRARY(decoda_q4, m) {
-    m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins) -> Tensor");
+TORCH_LIBRARY(decoda_blocks, m) {
+    m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits) -> Tensor");
     m.def("isa() -> int");
-    m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(q4_linear));
-    m.impl("isa", c10::DispatchKey::CatchAll, TORCH_FN(q4_isa));
+    m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(block_linear));
+    m.impl("isa", c10::DispatchKey::CatchAll, TORCH_FN(block_isa));
 }

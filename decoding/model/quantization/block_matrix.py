@@ -1,0 +1,193 @@
+"""Block weights (GGUF's own codes) multiplied by int8-quantized activations in a native operator.
+
+At one token a step is bound by streaming the weights; PyTorch's int4 kernel widens each weight
+to bfloat16 first and reaches about half the memory bandwidth on a small model's matrices, and
+holds 5- to 8-bit codes as two 4-bit planes against a doubled input. This matrix keeps the
+file's codes with a scale and a minimum per 32 columns and multiplies with integer dot products
+against activations quantized per 32-column block to int8, as llama.cpp multiplies Q4_1 by Q8_1
+(``block_dot.cpp``; ``loadtests/bench_step.py --ab-kernel`` measures it against PyTorch's kernel).
+4-bit codes (Q4_0, Q4_1, Q4_K, ``--quantization int4``) stay two a byte; codes up to 8 bits (Q5_0,
+Q5_1, Q5_K, Q8_0) take a byte each where the CPU has AVX-512 VNNI, and serve an embedding's row
+lookups too (a tied LM head is then one 8-bit copy instead of two planes).
+
+The operator is built with the system C++ compiler against the installed torch on first use
+(cached and trusted like the paged-attention kernel, ``decoding.kv.native_kernel``) for this CPU,
+and picks its instructions from what the compiler targets: AVX-512 VNNI, else AVX2 (4-bit codes
+only). Where neither is available, or the build fails, ``isa()`` is None and the caller keeps
+``Int4Matrix``; ``DECODA_BLOCK_KERNEL=torch`` forces that.
+
+Error: each activation is rounded to its block's int8 grid (at most ``max|x_block| / 254``), the
+rest is float32 arithmetic (``tests/test_block_matrix.py`` states and checks the bound). Scales and
+minimums are kept as float16 when that is exact (GGUF's fp16 fields), else float32.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from decoding.kv.native_kernel import build_and_load, cpu_id
+from decoding.model.quantization.affine import AffineCodes
+from decoding.model.quantization.matrix_base import MatrixModule
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("block_dot.cpp")
+BLOCK = 32
+GROUP = 4  # blocks the 8-bit layout interleaves
+AVX512_VNNI, AVX2 = "AVX-512 VNNI", "AVX2"
+ISA_NAMES = {2: AVX512_VNNI, 1: AVX2}
+
+_state: list[int | None] = []  # [isa level] once loaded, [None] when unavailable
+_LINEAR: list = []  # [torch.ops.decoda_blocks.linear.default] once loaded
+
+
+class BlockMatrix(MatrixModule):
+    """``matmul(x) = x @ W.T`` for ``x`` in float32 or bfloat16, returned in ``x``'s dtype."""
+
+    input_dtypes = (torch.float32, torch.bfloat16)
+
+    def __init__(self, weight: AffineCodes) -> None:
+        super().__init__()
+        if not fits(weight):
+            raise ValueError(f"{weight.bits}-bit codes in groups of {weight.group_size} do not fit this kernel here")
+        self.out_features, self.in_features = weight.shape
+        self.bits = 4 if weight.bits <= 4 else 8
+        repeat = weight.group_size // BLOCK
+        scale = weight.scale.repeat_interleave(repeat, dim=1)
+        offset = weight.offsets().repeat_interleave(repeat, dim=1)
+        self.keep("codes", pack_nibbles(weight.codes) if self.bits == 4 else interleave_bytes(weight.codes))
+        dtype = torch.float16 if _exact_in_half(scale) and _exact_in_half(offset) else torch.float32
+        self.keep("scales", scale.to(dtype).contiguous())
+        self.keep("mins", offset.to(dtype).contiguous())
+        # the same tensors as a plain tuple: an eager call skips three nn.Module attribute lookups
+        # (~0.9 us each, 210 linears a step); a compiled graph reads the buffers (shared graph inputs)
+        self._operands = (self.codes, self.scales, self.mins, self.bits)
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():
+            return torch.ops.decoda_blocks.linear(x, self.codes, self.scales, self.mins, self.bits)
+        return _LINEAR[0](x, *self._operands)
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Exact float32 weights of rows ``ids`` (``[len(ids), in_features]``), for a tied embedding:
+        ``scale * code + min`` as ``AffineCodes.dequantize`` computes it."""
+        codes = self._codes_of(self.codes[ids]).float()
+        expand = lambda t: t[ids].float().repeat_interleave(BLOCK, dim=1)  # noqa: E731
+        return expand(self.scales) * codes + expand(self.mins)
+
+    def dequantize(self) -> torch.Tensor:
+        """The float32 weights this matrix multiplies by (exactly the codes it was given)."""
+        return self.rows(torch.arange(self.out_features))
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins))
+
+    def _codes_of(self, stored: torch.Tensor) -> torch.Tensor:
+        """``[n, K]`` codes in column order from rows of the stored layout."""
+        if self.bits == 4:
+            low, high = stored & 0x0F, stored >> 4
+            return torch.cat([low.reshape(len(stored), -1, 16), high.reshape(len(stored), -1, 16)], dim=2).reshape(
+                len(stored), -1
+            )
+        return deinterleave_bytes(stored)
+
+    def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202
+        """Keep the eager tuple pointing at the buffers when ``.to()`` replaces them."""
+        module = super()._apply(fn, recurse)
+        self._operands = (self.codes, self.scales, self.mins, self.bits)
+        return module
+
+
+def fits(weight: AffineCodes) -> bool:
+    """Codes this machine's kernel multiplies: whole 32-column groups, 4 bits (AVX2 or AVX-512
+    VNNI) or up to 8 (AVX-512 VNNI)."""
+    if weight.group_size % BLOCK or weight.shape[1] % BLOCK or isa() is None:
+        return False
+    return weight.bits <= 4 or (weight.bits <= 8 and isa() == AVX512_VNNI)
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` codes in [0, 16) → ``[N, K / 2]`` uint8, ggml's order: byte i of a block holds
+    column i (low nibble) and column i + 16 (high nibble)."""
+    blocks = codes.to(torch.uint8).reshape(codes.shape[0], -1, 2, 16)
+    return (blocks[:, :, 0] | (blocks[:, :, 1] << 4)).reshape(codes.shape[0], -1).contiguous()
+
+
+def interleave_bytes(codes: torch.Tensor) -> torch.Tensor:
+    """``[N, K]`` byte codes → the kernel's 8-bit order: per group of (up to) 4 blocks, columns
+    0..15 of each block, then columns 16..31 of each."""
+    rows, width = codes.shape
+    parts = []
+    for start in range(0, width, GROUP * BLOCK):
+        group = codes[:, start : start + GROUP * BLOCK].to(torch.uint8).reshape(rows, -1, 2, 16)
+        parts.append(group.transpose(1, 2).reshape(rows, -1))
+    return torch.cat(parts, dim=1).contiguous()
+
+
+def deinterleave_bytes(stored: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``interleave_bytes``."""
+    rows, width = stored.shape
+    parts = []
+    for start in range(0, width, GROUP * BLOCK):
+        group = stored[:, start : start + GROUP * BLOCK].reshape(rows, 2, -1, 16)
+        parts.append(group.transpose(1, 2).reshape(rows, -1))
+    return torch.cat(parts, dim=1)
+
+
+def available() -> bool:
+    """True when the operator is built and uses integer dot products on this CPU."""
+    return isa() is not None
+
+
+def isa() -> str | None:
+    """The instruction set the operator uses here (AVX-512 VNNI, AVX2), None when it is not used."""
+    if not _state:
+        _state.append(_load())
+    return ISA_NAMES.get(_state[0]) if _state[0] is not None else None
+
+
+def _exact_in_half(values: torch.Tensor) -> bool:
+    return bool(torch.equal(values.to(torch.float16).float(), values.float()))
+
+
+def _load() -> int | None:
+    if os.environ.get("DECODA_BLOCK_KERNEL") == "torch":
+        return None
+    include = Path(torch.__file__).parent / "include"
+    library_dir = Path(torch.__file__).parent / "lib"
+    march = os.environ.get("DECODA_KERNEL_MARCH", "native")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = [
+        "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-w",
+    ]  # fmt: skip
+    libraries = (f"-L{library_dir}", f"-Wl,-rpath,{library_dir}", "-lc10", "-ltorch_cpu")
+    machine = cpu_id() if march == "native" else march.encode()
+    key = SOURCE.read_bytes() + " ".join(flags).encode() + machine + torch.__version__.encode()
+    name = f"block_dot-{hashlib.sha256(key).hexdigest()[:16]}.so"
+    path = build_and_load(SOURCE, flags, name, load=_load_operators, compiler=("CXX", "g++"), libraries=libraries)
+    if path is None:
+        logger.warning("block kernel unavailable: GGUF/int4 weights use PyTorch's int4 kernel (slower at one token)")
+        return None
+    level = int(torch.ops.decoda_blocks.isa())
+    if level == 0:
+        logger.info("block kernel built without AVX2 or AVX-512 VNNI: GGUF/int4 weights use PyTorch's int4 kernel")
+        return None
+    logger.info("block kernel: %s integer dot products", ISA_NAMES[level])
+    return level
+
+
+def _load_operators(path: str) -> str:
+    torch.ops.load_library(path)
+    torch.library.register_fake("decoda_blocks::linear", _linear_shape)  # what the compiler traces
+    _LINEAR.append(torch.ops.decoda_blocks.linear.default)
+    return path
+
+
+def _linear_shape(x, codes, scales, mins, bits):  # noqa: ANN001, ANN202
+    return x.new_empty((x.shape[0], codes.shape[0]))
