@@ -31,9 +31,8 @@ from torch import nn
 from transformers.pytorch_utils import Conv1D
 
 from decoding.model.packed_linear import own_remaining_tensors
-from decoding.model.quantization import block_matrix
 from decoding.model.quantization.affine import AffineCodes
-from decoding.model.quantization.block_matrix import BlockMatrix
+from decoding.model.quantization.block_matrix import BlockMatrix, fits
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
 from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
@@ -80,7 +79,7 @@ def _codes_matrix(codes: AffineCodes, lookup: bool) -> LowBitMatrix:
     """The native block kernel where the codes fit it on this CPU (faster at a few rows; 8-bit codes
     also serve an embedding's rows), else PyTorch's int4 kernel (Q6_K's 16-column groups, 5- to
     8-bit codes without AVX-512 VNNI, a 4-bit embedding's row lookup)."""
-    if block_matrix.fits(codes) and (not lookup or codes.bits > 4):
+    if fits(codes) and (not lookup or codes.bits > 4):
         return BlockMatrix(codes)
     return Int4Matrix(codes, lookup=lookup)
 

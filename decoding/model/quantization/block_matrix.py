@@ -82,7 +82,7 @@ class BlockMatrix(MatrixModule):
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights this matrix multiplies by (exactly the codes it was given)."""
-        return self.rows(torch.arange(self.out_features))
+        return self.rows(torch.arange(self.out_features, device=self.codes.device))
 
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins))
