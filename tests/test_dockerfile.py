@@ -80,3 +80,15 @@ def test_the_build_context_carries_every_package_and_leaves_local_state_out():
     for package in setuptools["packages"]:
         folder = setuptools.get("package-dir", {}).get(package, package.replace(".", "/"))
         assert folder.split("/")[0] in sources, f"{package} ({folder}) is not copied into the image"
+
+
+def test_both_native_kernels_are_built_at_build_time_and_the_compilers_leave():
+    """The paged-attention kernel (C) and the block kernel of gguf/int4 weights (C++, against the
+    image's torch) are built once, portably, where uid 10001 may read them; no compiler ships."""
+    assert envs()["DECODA_KERNEL_DIR"] == "/opt/decoda/kernels"
+    assert envs()["DECODA_KERNEL_MARCH"] == "x86-64-v3"  # the ARG's default: AVX2 and FMA, portable
+    (build,) = [run for run in of("RUN") if "native_available" in run]
+    assert "block_matrix import isa" in build  # the block kernel, built by the same step
+    assert "install -y --no-install-recommends gcc g++" in build  # installed for the build
+    assert "chmod -R a+rX /opt/decoda/kernels" in build
+    assert "apt-get purge -y gcc g++" in build  # and gone again
