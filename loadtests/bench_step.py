@@ -2,11 +2,11 @@
 
 The figure issue 25's per-step profile asks for: the engine's own step (forward, sampling, stop
 checks), no HTTP around it. Every row gets the same chat prompt and forced-length greedy tokens, so
-steps differ only by the rows' lengths. ``--ab-kernel`` builds a second engine whose GGUF/int4
-weights take PyTorch's int4 kernel instead of the native block kernel and times both in turns. ``--ab-fused`` measures
-each case twice, taking turns over three rounds: with the fused K/V write + decode attention call
-(``paged_write_decode``) and with the PyTorch writes around the plain decode kernel it replaced,
-so the gain is read within a round.
+steps differ only by the rows' lengths. Each comparison takes turns over three rounds in one
+process, so the gain is read within a round: ``--ab-kernel`` builds a second engine whose GGUF/int4
+weights take PyTorch's int4 kernel instead of the native block kernel; ``--ab-fused`` times the same
+engine with the PyTorch writes around the plain decode kernel instead of the fused K/V write +
+decode attention call (``paged_write_decode``).
 
     .venv/bin/python -m loadtests.bench_step --modes float32,bfloat16,gguf,gguf+bfloat16 --ab-fused
     .venv/bin/python -m loadtests.bench_step --modes gguf --compile
@@ -101,8 +101,8 @@ def main() -> None:
             if args.ab_kernel:
                 with _without_block_kernel():
                     engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos)
-            for each in set(map(id, engines.values())):
-                median_step_ms(next(e for e in engines.values() if id(e) == each), prompt, rows, 16)  # warm
+            for each in {id(e): e for e in engines.values()}.values():  # each engine once
+                median_step_ms(each, prompt, rows, 16)  # warm
             times: dict[str, list[float]] = {name: [] for name in engines}
             for _ in range(3):
                 for name, each in engines.items():

@@ -48,9 +48,6 @@
 
 namespace {
 
-#ifndef Q4_PREFETCH
-#define Q4_PREFETCH 8192
-#endif
 constexpr int64_t BLOCK = 32;  // columns sharing one scale, in the weights and the activations
 constexpr int64_t GROUP = 4;   // blocks a 64-byte load of packed codes covers
 constexpr int64_t ROW_TILE = 4;     // activation rows sharing one load of a weight group
@@ -63,12 +60,8 @@ struct Quantized {
     int64_t rows = 0, blocks = 0, groups = 0;
     std::vector<int8_t> codes;       // [rows, groups, 128]
     std::vector<float> lane_scale;   // [rows, groups, 16]: dx of block j in lanes 4j..4j+3
-    std::vector<float> block_sum;    // [rows, groups * 4]: each block's rounded values summed
-    std::vector<float> lane_sum;     // [rows, groups, 16]: block j's sum / 4 in lanes 4j..4j+3
+    std::vector<float> lane_sum;     // [rows, groups, 16]: block j's rounded sum / 4 in lanes 4j..4j+3
 };
-
-template <typename T>
-inline float as_float(T v) { return static_cast<float>(v); }
 
 /* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale and the
    sum of its ROUNDED values (scale * sum of codes), as Q8_1 keeps: the minimum term m * sum then
@@ -82,7 +75,8 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     scale = amax / 127.0f;
     const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse)), qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
+    const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse));
+    const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtsepi32_epi8(qa));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtsepi32_epi8(qb));
     sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
@@ -102,7 +96,8 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
     const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     alignas(32) int32_t codes[32];
     for (int i = 0; i < 4; i++)
-        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(parts[i], inverse)));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(codes + 8 * i),
+                           _mm256_cvtps_epi32(_mm256_mul_ps(parts[i], inverse)));
     int32_t total = 0;
     for (int i = 0; i < 16; i++) {
         low[i] = static_cast<int8_t>(codes[i]);
@@ -128,12 +123,10 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
 #endif
 
 template <typename T>
-void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* block_sum,
-                  float* lane_sum) {
+void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* lane_sum) {
     std::memset(codes, 0, groups * 128);
     std::fill(lane_scale, lane_scale + groups * 16, 0.0f);
     std::fill(lane_sum, lane_sum + groups * 16, 0.0f);
-    std::fill(block_sum, block_sum + groups * GROUP, 0.0f);
     float widened[BLOCK];
     for (int64_t b = 0; b < blocks; b++) {
         const float* values;
@@ -150,7 +143,6 @@ void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, flo
             lane_scale[g * 16 + 4 * j + lane] = scale;
             lane_sum[g * 16 + 4 * j + lane] = sum * 0.25f;  // exact: a power of two
         }
-        block_sum[b] = sum;
     }
 }
 
@@ -161,19 +153,17 @@ Quantized quantize(const at::Tensor& x) {
     q.groups = (q.blocks + GROUP - 1) / GROUP;
     q.codes.resize(q.rows * q.groups * 128);
     q.lane_scale.resize(q.rows * q.groups * 16);
-    q.block_sum.resize(q.rows * q.groups * GROUP);
     q.lane_sum.resize(q.rows * q.groups * 16);
     const int64_t k = x.size(1);
     at::parallel_for(0, q.rows, 4, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; r++) {
             int8_t* codes = q.codes.data() + r * q.groups * 128;
             float* lanes = q.lane_scale.data() + r * q.groups * 16;
-            float* sums = q.block_sum.data() + r * q.groups * GROUP;
             float* quarters = q.lane_sum.data() + r * q.groups * 16;
             if (x.scalar_type() == at::kBFloat16)
-                quantize_row(x.data_ptr<c10::BFloat16>() + r * k, q.blocks, q.groups, codes, lanes, sums, quarters);
+                quantize_row(x.data_ptr<c10::BFloat16>() + r * k, q.blocks, q.groups, codes, lanes, quarters);
             else
-                quantize_row(x.data_ptr<float>() + r * k, q.blocks, q.groups, codes, lanes, sums, quarters);
+                quantize_row(x.data_ptr<float>() + r * k, q.blocks, q.groups, codes, lanes, quarters);
         }
     });
     return q;
@@ -275,15 +265,11 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256i spread[2] = {_mm256_set_epi32(1, 1, 1, 1, 0, 0, 0, 0), _mm256_set_epi32(3, 3, 3, 3, 2, 2, 2, 2)};
     __m256 acc[R];
-    __m128 min_acc[R];
-    for (int r = 0; r < R; r++) {
-        acc[r] = _mm256_setzero_ps();
-        min_acc[r] = _mm_setzero_ps();
-    }
+    for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t g = 0; g < q.groups; g++) {
         const int64_t count = std::min<int64_t>(GROUP, q.blocks - g * GROUP);
         const __m256 d4 = _mm256_castps128_ps256(load4(scales + g * GROUP, count));
-        const __m128 m = load4(mins + g * GROUP, count);
+        const __m256 m4 = _mm256_castps128_ps256(load4(mins + g * GROUP, count));
         for (int half = 0; half < 2 && 2 * half < count; half++) {
             const uint8_t* p = codes + g * 64 + 32 * half;
             const __m256i packed = 2 * half + 1 < count
@@ -292,6 +278,7 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
             const __m256i low = _mm256_and_si256(packed, nibble);
             const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
             const __m256 d = _mm256_permutevar8x32_ps(d4, spread[half]);
+            const __m256 m = _mm256_permutevar8x32_ps(m4, spread[half]);
             for (int r = 0; r < R; r++) {
                 const int64_t row = r0 + r;
                 const int8_t* x = q.codes.data() + (row * q.groups + g) * 128 + 32 * half;
@@ -300,18 +287,15 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
                 // |q x| <= 15 * 127: a pair sums to at most 3810 and two pairs to 7620, inside int16
                 const __m256i pairs = _mm256_add_epi16(_mm256_maddubs_epi16(low, xl), _mm256_maddubs_epi16(high, xh));
                 const __m256i dot = _mm256_madd_epi16(pairs, ones);
-                const __m256 dx = _mm256_loadu_ps(q.lane_scale.data() + (row * q.groups + g) * 16 + 8 * half);
+                const int64_t lanes = (row * q.groups + g) * 16 + 8 * half;
+                const __m256 dx = _mm256_loadu_ps(q.lane_scale.data() + lanes);
                 acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_mul_ps(d, dx), acc[r]);
+                acc[r] = _mm256_fmadd_ps(m, _mm256_loadu_ps(q.lane_sum.data() + lanes), acc[r]);
             }
-        }
-        for (int r = 0; r < R; r++) {
-            const __m128 sums = _mm_loadu_ps(q.block_sum.data() + ((r0 + r) * q.groups + g) * GROUP);
-            min_acc[r] = _mm_fmadd_ps(m, sums, min_acc[r]);
         }
     }
     for (int r = 0; r < R; r++) {
         __m128 s = _mm_add_ps(_mm256_castps256_ps128(acc[r]), _mm256_extractf128_ps(acc[r], 1));
-        s = _mm_add_ps(s, min_acc[r]);
         s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         s = _mm_add_ss(s, _mm_movehdup_ps(s));
         out[r] = _mm_cvtss_f32(s);
@@ -333,8 +317,8 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
                 dot += static_cast<int32_t>(byte & 0x0F) * x[i] + static_cast<int32_t>(byte >> 4) * x[64 + i];
             }
             const float dx = q.lane_scale[(row * q.groups + g) * 16 + 4 * j];
-            total += as_float(scales[b]) * dx * static_cast<float>(dot)
-                + as_float(mins[b]) * q.block_sum[(row * q.groups) * GROUP + b];
+            const float sum = 4.0f * q.lane_sum[(row * q.groups + g) * 16 + 4 * j];  // exact
+            total += static_cast<float>(scales[b]) * dx * static_cast<float>(dot) + static_cast<float>(mins[b]) * sum;
         }
         out[r] = total;
     }
@@ -390,7 +374,8 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
                         default: tile_rows<BITS, S, 4>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
                     }
                     for (int64_t w = 0; w < weights; w++)
-                        for (int64_t r = 0; r < count; r++) out[(r0 + r) * n_rows + n + w] = static_cast<T>(dots[w * 4 + r]);
+                        for (int64_t r = 0; r < count; r++)
+                            out[(r0 + r) * n_rows + n + w] = static_cast<T>(dots[w * 4 + r]);
                 }
             }
         }

@@ -2,7 +2,7 @@
 
 The rest of the model (norms, attention, residual stream, logits) keeps the model's dtype; a
 linear hands its input to the kernel in a dtype the kernel takes (bfloat16 for PyTorch's int4 and
-int8 kernels, the model's own for the native 4-bit one) and returns its output in the model's
+int8 kernels, the model's own for the native block kernel) and returns its output in the model's
 dtype. A tied embedding and LM head hold the same matrix object, so a weight that serves both
 exists once in memory.
 """
