@@ -44,7 +44,7 @@ class Settings:
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
     compile: bool = field(
         default=False,
-        metadata={"help": "torch.compile the decoder layers before serving (~30-60 s at start; faster one-row "
+        metadata={"help": "torch.compile the forward before serving (~15-30 s at start; faster one-row "
                   "decode, most with --quantization gguf)"},
     )  # fmt: skip
     max_model_len: int | None = field(

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from decoding.model.attention import register_attention
-from decoding.model.compile import compile_layers
+from decoding.model.compile import compile_model
 from decoding.model.loading import load_model
 from decoding.model.registry import ModelLoadError
 from decoding.params import GenerationParams
@@ -199,12 +199,12 @@ if os.environ.get("DECODA_ARCH_COMPILE_ALL"):
 
 @pytest.mark.parametrize("model_type", COMPILED)
 def test_compiled_layers_keep_the_tokens(model_type, smollm2_tokenizer):
-    """``--compile``'s regional compilation traces the attention call with the family's extras
-    (the custom op carries soft-cap and sinks); dynamo's eager backend keeps this fast on 2 cores."""
+    """``--compile`` traces the whole forward, each layer a nested region, with the family's attention
+    extras (the custom op carries soft-cap and sinks); dynamo's eager backend keeps this fast on 2 cores."""
     torch._dynamo.reset()
     compiled = copy.deepcopy(model_of(model_type))
     compiled.set_attn_implementation(register_attention())
-    compile_layers(compiled, backend="eager")
+    compile_model(compiled, backend="eager")
     harness = EngineHarness(compiled, smollm2_tokenizer, [EOS], served=True)
     cases = [(strategy, index) for strategy in ("greedy", "contrastive") for index in PROMPTS]
     for strategy, index in cases:
@@ -251,6 +251,6 @@ def test_the_compiled_attention_op_returns_the_layout_its_fake_promises(value_di
     layout = StepLayout(pool, segments, torch.device("cpu"))
     query, key, value = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, value_dim)
     with active_layout(layout):
-        out = packed_attention(query, key, value, 0, 0.25, -1, softcap, sinks)
-    fake = _packed_attention_shape(query, key, value, 0, 0.25, -1, softcap, sinks)
+        out = packed_attention(query, key, value, torch.tensor(0), 0.25, -1, softcap, sinks)
+    fake = _packed_attention_shape(query, key, value, torch.tensor(0), 0.25, -1, softcap, sinks)
     assert out.shape == fake.shape and out.stride() == fake.stride()

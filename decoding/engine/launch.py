@@ -29,7 +29,7 @@ from decoding.engine.worker import Worker
 from decoding.kv.memory import kv_cache_bytes
 from decoding.kv.paged_attention import native_available
 from decoding.model.attention import register_attention
-from decoding.model.compile import compile_layers
+from decoding.model.compile import compile_model
 from decoding.model.dtype_choice import resolve_dtype
 from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
@@ -53,9 +53,9 @@ def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) ->
 
 
 def prepare_forward(model: torch.nn.Module, *, compile: bool) -> None:
-    """Compile the decoder layers, or pack the linears: inductor cannot trace oneDNN-packed weights."""
+    """Compile the forward, or pack the linears: inductor cannot trace oneDNN-packed weights."""
     if compile:
-        compile_layers(model)
+        compile_model(model)
     else:
         pack_linears(model)
 
@@ -158,7 +158,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     )
     if config.compile:
         seconds = warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
-        logger.info("compiled the decoder layers in %.0f s, before serving", seconds)
+        logger.info("compiled the forward in %.0f s, before serving", seconds)
     logger.info(
         "engine ready: model=%s max_model_len=%d max_num_seqs=%d kv_cache=%.0f MiB (%d blocks of %d, "
         "prefix caching %s, paged attention %s)",

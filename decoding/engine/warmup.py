@@ -1,4 +1,4 @@
-"""Compile before serving: the engine runs each shape a compiled layer specializes on, once.
+"""Compile before serving: the engine runs each shape the compiled forward specializes on, once.
 
 This drives the engine (requests in, steps until done), so it belongs to the engine's start and
 not to the compile module below the engine; ``decoding.engine.launch`` calls it when ``--compile``
@@ -16,10 +16,11 @@ from decoding.params import GenerationParams
 
 
 def warm_up(engine: Engine, prompt_ids: list[int]) -> float:
-    """Compile before serving: run the shapes a layer specializes on (many tokens a step, then one).
+    """Compile before serving: run the shapes the forward specializes on (many tokens a step, then one).
 
-    A batch of two prompts gives multi-token steps, a lone request one-token steps; the compiler
-    keeps a graph for each, so afterwards no request waits for a compile. The observer is muted so
+    A batch of two prompts gives multi-token steps keeping two logits, a lone request a prompt
+    keeping one and then one-token steps; the compiler keeps a graph for each of the three
+    (``decoding.model.compile``), so afterwards no request waits for a compile. The observer is muted so
     metrics count only real requests, and prompt plus answer stay shorter than a KV block (16
     tokens by default), so nothing is left in the prefix cache. Returns the seconds it took.
     """
@@ -34,6 +35,6 @@ def warm_up(engine: Engine, prompt_ids: list[int]) -> float:
             while engine.has_work():
                 engine.step()
     # Every shape now has its graph, so only the guards that tell the graphs apart need checking:
-    # the rest cost ~0.15 ms a layer call, a seventh of a one-row step.
+    # the rest cost ~0.15 ms a compiled call.
     torch.compiler.set_stance("default", skip_guard_eval_unsafe=True)
     return time.perf_counter() - start

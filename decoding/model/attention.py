@@ -36,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from decoding.kv.paged_attention import grouped_attention, paged_decode, paged_write_decode
 from decoding.kv.pool import KVPool
+from decoding.model.compile import LAYER_BUFFER
 
 ATTENTION_NAME = "decoda"
 LAYOUT_KWARG = "decoda_layout"  # the model forwards this keyword down to every attention call
@@ -159,17 +160,22 @@ def packed_attention(
     query: torch.Tensor,
     key: torch.Tensor,
     value: torch.Tensor,
-    layer: int,
+    layer: torch.Tensor,
     scaling: float,
     sliding_window: int,
     softcap: float,
     sinks: torch.Tensor | None,
 ) -> torch.Tensor:
-    """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 and ``softcap`` 0 mean none)."""
+    """Opaque to the compiler: writes the pool, then attends (``sliding_window`` -1 and ``softcap`` 0 mean none).
+
+    ``layer`` is a 0-d tensor, not an int: as a graph input it lets every layer share one traced
+    subgraph (``decoding.model.compile``), where an int would be a different constant in each.
+    """
     window = None if sliding_window < 0 else sliding_window
     # contiguous, as the fake promises (the compiled graph asserts strides): SDPA's output already is
     # once transposed, the soft-cap/sink/MLA path's is not
-    return _attend(_current_layout(), layer, query, key, value, scaling, window, softcap or None, sinks).contiguous()
+    index = int(layer)
+    return _attend(_current_layout(), index, query, key, value, scaling, window, softcap or None, sinks).contiguous()
 
 
 def _current_layout() -> StepLayout:
@@ -210,7 +216,10 @@ def decoda_attention(
         return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
     window = -1 if sliding_window is None else int(sliding_window)
     cap = 0.0 if softcap is None else float(softcap)
-    return packed_attention(query, key, value, module.layer_idx, float(scale), window, cap, s_aux), None
+    layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
+    if layer is None:
+        layer = torch.tensor(module.layer_idx)
+    return packed_attention(query, key, value, layer, float(scale), window, cap, s_aux), None
 
 
 def _attend(

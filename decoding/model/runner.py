@@ -8,6 +8,9 @@ handful of rows instead of every prompt token.
 
 A compiled forward cannot take a Python object as an argument without re-tracing every step, so
 under ``torch.compile`` the layout travels beside the call instead (``attention.active_layout``).
+A forward that hooks into layers (hidden states for DoLa or contrastive search, early exit) runs
+eagerly: a hook inside a compiled graph would be traced into it, and an early exit's exception
+cannot leave one.
 """
 
 from __future__ import annotations
@@ -92,13 +95,17 @@ class ModelRunner:
         with ExitStack() as context:
             for layer in wanted:
                 context.enter_context(self._capture(layer, captured))
-            if num_layers is not None and num_layers < self.num_layers:
+            early_exit = num_layers is not None and num_layers < self.num_layers
+            if early_exit:
                 context.enter_context(self._exit_after(num_layers - 1))
-            # beside the call always: compiled layers read it there, and so do the attention modules
+            compiled = self.compiled and not (wanted or early_exit)
+            if self.compiled and not compiled:  # hooks into layers run outside any graph
+                context.enter_context(torch.compiler.set_stance("force_eager"))
+            # beside the call always: a compiled forward reads it there, and so do the attention modules
             # of families that do not pass their keyword arguments down (StableLM); eager ones that
             # do get it as an argument, which skips the custom op's dispatch
             context.enter_context(active_layout(layout))
-            kwargs = {} if self.compiled else {LAYOUT_KWARG: layout}
+            kwargs = {} if compiled else {LAYOUT_KWARG: layout}
             try:
                 out_logits = self.model(
                     input_ids=input_ids,

@@ -1,12 +1,12 @@
-"""``--compile`` compiles the decoder layer's forward, not the whole model (``decoding.model.compile``).
+"""``--compile`` compiles the whole forward, each decoder layer a nested region (``decoding.model.compile``).
 
-What it promises: the layers share their compiled graphs (one per shape class, not one per layer:
-that is what makes the compile take one layer's time), quantized layers included (their matrices
-reach the graph as buffers); every strategy gives the tokens it gives eagerly, the ones that hook
-into layers (DoLa's and contrastive search's hidden states, early exit) included, since the hooks
-stay outside the compiled forward; and the warm-up the server runs before it serves leaves no
-compile to a request, with guard checks trimmed afterwards. The compiler's backend here is a
-counting pass-through, so the test measures tracing, not codegen.
+What it promises: the layers share one traced subgraph (not one per layer: that is what makes the
+compile take one layer's time), quantized layers included (their matrices reach the graph as
+buffers, the layer index as a tensor); every strategy gives the tokens it gives eagerly, the ones
+that hook into layers (DoLa's and contrastive search's hidden states, early exit) included, since
+those forwards run eagerly; and the warm-up the server runs before it serves leaves no compile to
+a request, with guard checks trimmed afterwards. The compiler's backend here is a counting
+pass-through, so the test measures tracing, not codegen.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 import tests.engine_harness as engine_harness
 from decoding.engine.warmup import warm_up
 from decoding.model.attention import register_attention
-from decoding.model.compile import compile_layers
+from decoding.model.compile import compile_model
 from decoding.model.quantization import quantize_model
 from decoding.params import GenerationParams
 from tests.engine_harness import EngineHarness, tiny_llama
@@ -51,7 +51,7 @@ def run_all(harness: EngineHarness) -> dict[str, list[list[int]]]:
 
 
 def serve_compiled(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule]:
-    """Make EngineHarness serve its model with compiled layers; returns the graphs compiled so far."""
+    """Make EngineHarness serve its model compiled; returns the graphs compiled so far."""
     graphs: list[torch.fx.GraphModule] = []
 
     def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG001
@@ -61,7 +61,7 @@ def serve_compiled(monkeypatch: pytest.MonkeyPatch) -> list[torch.fx.GraphModule
     def served(original: torch.nn.Module) -> torch.nn.Module:
         ours = copy.deepcopy(original)
         ours.set_attn_implementation(register_attention())
-        compile_layers(ours, backend=counting_backend)
+        compile_model(ours, backend=counting_backend)
         return ours
 
     torch._dynamo.reset()
@@ -89,8 +89,16 @@ def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
     warm_up(harness.engine, prompt(9))
     compiled_before_serving = len(graphs)
     assert run_all(harness) == expected
-    assert 1 <= len(graphs) < NUM_LAYERS, f"{len(graphs)} graphs for {NUM_LAYERS} layers"
+    assert 1 <= len(graphs) <= 3, f"{len(graphs)} graphs"  # one per shape class: 1 token, 1 kept, more
     assert len(graphs) == compiled_before_serving  # the warm-up left no compile to a request
+    for graph in graphs:  # every layer calls the one subgraph traced for the first
+        assert layer_subgraphs(graph) == [layer_subgraphs(graph)[0]] * NUM_LAYERS
+
+
+def layer_subgraphs(graph: torch.fx.GraphModule) -> list[str]:
+    """The subgraph each ``invoke_subgraph`` call of ``graph`` runs, in call order."""
+    calls = [node for node in graph.graph.nodes if node.op == "call_function" and "invoke_subgraph" in str(node.target)]
+    return [str(call.args[0].target) for call in calls]
 
 
 def test_a_custom_method_runs_its_own_forwards_beside_compiled_layers(smollm2_tokenizer, monkeypatch, default_stance):
