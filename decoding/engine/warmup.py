@@ -18,11 +18,11 @@ from decoding.params import GenerationParams
 def warm_up(engine: Engine, prompt_ids: list[int]) -> float:
     """Compile before serving: run the shapes the forward specializes on (many tokens a step, then one).
 
-    A batch of two prompts gives multi-token steps keeping two logits, a lone request a prompt
-    keeping one and then one-token steps; the compiler keeps a graph for each of the three
-    (``decoding.model.compile``), so afterwards no request waits for a compile. The observer is muted so
-    metrics count only real requests, and prompt plus answer stay shorter than a KV block (16
-    tokens by default), so nothing is left in the prefix cache. Returns the seconds it took.
+    A batch of two prompts gives multi-token steps, a lone request one-token steps; the compiler
+    keeps a graph for each (``decoding.model.compile``), so afterwards no request waits for a
+    compile. The observer is muted so metrics count only real requests, and prompt plus answer stay
+    shorter than a KV block (16 tokens by default), so nothing is left in the prefix cache. Returns
+    the seconds it took.
     """
     new_tokens = 3
     prompt = (prompt_ids * engine.pool.block_size)[: max(2, engine.pool.block_size - 1 - new_tokens)]

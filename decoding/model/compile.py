@@ -16,13 +16,15 @@ index the attention reads travels as a 0-d tensor buffer (``LAYER_BUFFER``) inst
 Python int, which dynamo would bake into each layer's subgraph as a different constant. Layers that
 do differ (Gemma's local and global attention) get one subgraph each.
 
-The number of new tokens and of kept logits are dynamic from two up; one token (a lone decode
-step) and one kept logit get graphs of their own, specialized: the one-user step is the one to make
-fast. The step layout cannot travel as an argument into compiled code (a new Python object each
-step would re-trace), so a compiled model gets it beside the call (``attention.active_layout``);
-the runner asks ``is_compiled``, and runs eagerly the forwards that hook into layers (captured
-hidden states, early exit). Compiling before serving (driving the engine once per shape) is the
-engine's start-up business: ``decoding.engine.warmup``.
+The number of new tokens and of kept logits are dynamic from two up (the runner keeps a lone kept
+logit twice, so that a prompt with one kept logit needs no graph of its own: a cold start compiles
+two graphs in ~34 s instead of three in ~47); one token, a lone decode step, gets a graph of its
+own, specialized: the one-user step is the one to make fast. The step layout cannot travel as an
+argument into compiled code (a new Python object each step would re-trace), so a compiled model
+gets it beside the call (``attention.active_layout``); the runner asks ``is_compiled``, and runs
+eagerly the forwards that hook into layers (captured hidden states, early exit). Compiling before
+serving (driving the engine once per shape) is the engine's start-up business:
+``decoding.engine.warmup``.
 """
 
 from __future__ import annotations

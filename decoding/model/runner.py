@@ -86,19 +86,19 @@ class ModelRunner:
             self.pool.prepare(seg.slot, seg.start, seg.start + seg.length)
         layout = StepLayout(self.pool, segments, self.device)
         input_ids = torch.tensor([flat_ids], dtype=torch.long, device=self.device)  # [1, num_tokens]
-        if not keep:
-            keep_index = torch.tensor([len(flat_ids) - 1], device=self.device)
-        else:
-            keep_index = torch.tensor(keep, dtype=torch.long, device=self.device)
-        captured: dict[int, torch.Tensor] = {}
         wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
+        early_exit = num_layers is not None and num_layers < self.num_layers
+        compiled = self.compiled and not (wanted or early_exit)
+        kept = keep or [len(flat_ids) - 1]
+        if compiled and len(kept) == 1:  # one kept logit would be a graph of its own: keep a second copy
+            kept = kept * 2
+        keep_index = torch.tensor(kept, dtype=torch.long, device=self.device)
+        captured: dict[int, torch.Tensor] = {}
         with ExitStack() as context:
             for layer in wanted:
                 context.enter_context(self._capture(layer, captured))
-            early_exit = num_layers is not None and num_layers < self.num_layers
             if early_exit:
                 context.enter_context(self._exit_after(num_layers - 1))
-            compiled = self.compiled and not (wanted or early_exit)
             if self.compiled and not compiled:  # hooks into layers run outside any graph
                 context.enter_context(torch.compiler.set_stance("force_eager"))
             # beside the call always: a compiled forward reads it there, and so do the attention modules
