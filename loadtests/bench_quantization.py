@@ -16,7 +16,7 @@ server does (``load_model`` + ``prepare_forward``), then:
     .venv/bin/python loadtests/bench_quantization.py --modes gguf,int8 --threads 2
     .venv/bin/python loadtests/bench_quantization.py --modes gguf,gguf+compile --no-quality
 
-``+compile`` modes run the decoder layers compiled (``--compile``); module hooks would break their
+``+compile`` modes run the forward compiled (``--compile``); module hooks would break its
 graphs, so they report the whole step and the forward only, and no quality (same weights).
 
 The machine is shared and drifts 15-30% over minutes: compare the modes of one run, as ratios.

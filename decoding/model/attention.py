@@ -218,7 +218,7 @@ def decoda_attention(
     cap = 0.0 if softcap is None else float(softcap)
     layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
     if layer is None:
-        layer = torch.tensor(module.layer_idx)
+        layer = torch.tensor(module.layer_idx, device=query.device)
     return packed_attention(query, key, value, layer, float(scale), window, cap, s_aux), None
 
 

@@ -30,6 +30,7 @@ serving (driving the engine once per shape) is the engine's start-up business:
 from __future__ import annotations
 
 import functools
+import itertools
 import types
 from collections.abc import Callable
 
@@ -75,7 +76,8 @@ def number_attention(layer: torch.nn.Module) -> None:
     for module in layer.modules():
         index = getattr(module, "layer_idx", None)
         if isinstance(index, int) and not hasattr(module, LAYER_BUFFER):
-            device = next(iter(layer.parameters()), torch.empty(0)).device
+            weight = next(itertools.chain(layer.parameters(), layer.buffers()), None)
+            device = weight.device if weight is not None else torch.device("cpu")
             module.register_buffer(LAYER_BUFFER, torch.tensor(index, device=device), persistent=False)
 
 
