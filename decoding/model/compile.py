@@ -22,15 +22,15 @@ index the attention reads travels as a 0-d tensor buffer (``LAYER_BUFFER``) inst
 Python int, which dynamo would bake into each layer's subgraph as a different constant. Layers that
 do differ (Gemma's local and global attention) get one subgraph each.
 
-The number of new tokens and of kept logits are dynamic from two up (the runner keeps a lone kept
-logit twice, so that a prompt with one kept logit needs no graph of its own: a cold start compiles
-two graphs in ~34 s instead of three in ~47); one token, a lone decode step, gets a graph of its
-own, specialized: the one-user step is the one to make fast. The step layout cannot travel as an
-argument into compiled code (a new Python object each step would re-trace), so a compiled model
-gets it beside the call (``attention.active_layout``); the runner asks ``is_compiled``, and runs
-eagerly the forwards that hook into layers (captured hidden states, early exit). Compiling before
-serving (driving the engine once per shape) is the engine's start-up business:
-``decoding.engine.warmup``.
+The number of new tokens and of kept logits are dynamic from two up (the forward keeps a lone kept
+logit twice and returns it once, so a prompt with one kept logit needs no graph of its own: a cold
+start compiles two graphs in ~34 s instead of three in ~47); one token, a lone decode step, gets a
+graph of its own, specialized: the one-user step is the one to make fast. The step layout cannot
+travel as an argument into compiled code (a new Python object each step would re-trace), so a
+compiled model gets it beside the call (``attention.active_layout``); the runner asks
+``is_compiled``, and runs eagerly the forwards that hook into layers (captured hidden states, early
+exit). Compiling before serving (driving the engine once per shape) is the engine's start-up
+business: ``decoding.engine.warmup``.
 """
 
 from __future__ import annotations
@@ -69,11 +69,18 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
 
     @functools.wraps(model.forward)
     def forward(*args: object, **kwargs: object) -> object:
+        keep = kwargs.get("logits_to_keep")
+        lone = isinstance(keep, torch.Tensor) and keep.shape == (1,)
+        if lone:  # one kept logit would be a graph of its own: keep it twice, return it once
+            kwargs["logits_to_keep"] = keep.repeat(2)
         for name, dim in _TOKEN_DIMS:
             tensor = kwargs.get(name)
             if isinstance(tensor, torch.Tensor) and tensor.dim() > dim and tensor.shape[dim] > 1:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
-        return compiled(*args, **kwargs)
+        output = compiled(*args, **kwargs)
+        if lone:
+            output.logits = output.logits[:, :1]
+        return output
 
     model.forward = forward
     setattr(model, COMPILED_MARK, True)

@@ -89,10 +89,7 @@ class ModelRunner:
         wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
         early_exit = num_layers is not None and num_layers < self.num_layers
         compiled = self.compiled and not (wanted or early_exit)
-        kept = keep or [len(flat_ids) - 1]
-        if compiled and len(kept) == 1:  # one kept logit would be a graph of its own: keep a second copy
-            kept = kept * 2
-        keep_index = torch.tensor(kept, dtype=torch.long, device=self.device)
+        keep_index = torch.tensor(keep or [len(flat_ids) - 1], dtype=torch.long, device=self.device)
         captured: dict[int, torch.Tensor] = {}
         with ExitStack() as context:
             for layer in wanted:
