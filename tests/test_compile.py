@@ -19,6 +19,7 @@ import torch
 
 import tests.engine_harness as engine_harness
 from decoding.engine.warmup import warm_up
+from decoding.kv.paged_attention import native_available
 from decoding.model.attention import register_attention
 from decoding.model.compile import compile_model
 from decoding.model.quantization import quantize_model
@@ -93,6 +94,17 @@ def test_compiled_layers_share_graphs_and_every_strategy_keeps_its_tokens(
     assert len(graphs) == compiled_before_serving  # the warm-up left no compile to a request
     for graph in graphs:  # every layer calls the one subgraph traced for the first
         assert layer_subgraphs(graph) == [layer_subgraphs(graph)[0]] * NUM_LAYERS
+    # the one-token graph's layers call the native operator, the many-token graph's the Python custom op
+    if native_available():
+        calls = sorted(attention_calls(graph) for graph in graphs)
+        assert calls == [["decoda.packed_attention"], ["decoda_paged.step_attention"]]
+
+
+def attention_calls(graph: torch.fx.GraphModule) -> list[str]:
+    """The attention operators the layers' shared subgraph calls."""
+    subgraph = getattr(graph, layer_subgraphs(graph)[0])
+    targets = [str(node.target) for node in subgraph.graph.nodes if node.op == "call_function"]
+    return [target.removesuffix(".default") for target in targets if "attention" in target]
 
 
 def layer_subgraphs(graph: torch.fx.GraphModule) -> list[str]:

@@ -18,6 +18,8 @@ from decoding.kv.paged_attention import (
     native_available,
     paged_decode,
     paged_write_decode,
+    published_step,
+    step_attention,
 )
 from decoding.kv.pool import KVPool
 from decoding.params import GenerationParams
@@ -154,11 +156,39 @@ def test_the_fused_write_and_decode_equals_writing_then_attending(model_dtype, p
     assert torch.equal(out, expected)
 
 
+@pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
+def test_a_published_step_attends_as_the_fused_call(pool_dtype, window):
+    """The compiled one-token step's operator (tables published once a step, the layer's pool picked
+    by its index) writes and attends exactly as the fused call given the same tensors."""
+    if not native_available():
+        pytest.skip("no native kernel: the PyTorch path serves")
+    torch.manual_seed(2)
+    heads, kv_heads, dim, block, num_blocks, layers = 6, 2, 16, 4, 12, 3
+    pools = [torch.randn(num_blocks, kv_heads, block, dim).to(pool_dtype) for _ in range(2 * layers)]
+    keys, values = pools[:layers], pools[layers:]
+    query = torch.randn(1, 1, heads, dim).transpose(1, 2)  # [1, heads, 1, dim], strided as the model's
+    key, value = torch.randn(1, kv_heads, 1, dim), torch.randn(1, kv_heads, 1, dim)
+    tables, lengths = torch.tensor([[7, 2, 9]]), torch.tensor([11])
+    token_blocks, token_offsets = torch.tensor([9]), torch.tensor([2])
+    firsts = torch.zeros(1, dtype=torch.long) if window is None else (lengths - window).clamp(min=0)
+    fused_keys, fused_values = keys[1].clone(), values[1].clone()
+    expected = paged_write_decode(query[0], key[0], value[0], fused_keys, fused_values, token_blocks,
+                                  token_offsets, tables, lengths, firsts, 0.3)  # fmt: skip
+    with published_step(keys, values, token_blocks, token_offsets, tables, lengths):
+        out = step_attention(query, key, value, torch.tensor(1), 0.3, window)
+    assert out.shape == (1, 1, heads, dim)
+    assert torch.equal(out[0], expected)
+    assert torch.equal(keys[1], fused_keys) and torch.equal(values[1], fused_values)
+    with pytest.raises(RuntimeError, match="no step published"):  # the step's tables do not outlive it
+        step_attention(query, key, value, torch.tensor(1), 0.3, window)
+
+
 def test_the_native_kernel_is_built_where_a_compiler_is():
     import shutil
 
-    if shutil.which("cc") is None:
-        pytest.skip("no C compiler on this machine: the gathering fallback serves (tested above)")
+    if shutil.which("g++") is None:
+        pytest.skip("no C++ compiler on this machine: the gathering fallback serves (tested above)")
     assert native_available()
 
 

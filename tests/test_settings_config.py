@@ -97,3 +97,6 @@ def test_pip_install_ships_config_server_yaml(tmp_path):
     assert (max_queue, port) == ("77", "9001")
     assert Path(presets_folder).is_relative_to(target)  # config/presets/*.json ship inside the package
     assert presets == sorted(path.stem for path in (ROOT / "config" / "presets").glob("*.json"))
+    # the native kernels' sources, which an installed server builds on first use
+    for kernel in ("decoding/kv/paged_decode.cpp", "decoding/model/quantization/block_dot.cpp"):
+        assert (target / kernel).is_file(), kernel

@@ -169,7 +169,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         engine.pool.blocks.num_blocks,
         engine.pool.block_size,
         "on" if config.prefix_caching else "off",
-        "native" if native_available() else "gathering (no C compiler)",
+        "native" if native_available() else "gathering (no C++ compiler)",
     )
     return engine, _Built(loaded, max_model_len, assistants, custom_methods)
 

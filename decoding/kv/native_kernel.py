@@ -14,6 +14,7 @@ falls back to its PyTorch path.
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import logging
 import os
 import platform
@@ -120,3 +121,33 @@ def cpu_id() -> bytes:
     except OSError:
         pass
     return platform.processor().encode()
+
+
+def build_operators(source: Path, stem: str, register: Callable[[], None] | None = None) -> Path | None:
+    """Build a PyTorch operator library (``TORCH_LIBRARY``) from ``source`` against the installed
+    torch for this CPU, load it into the process and run ``register`` (its fake shapes); the
+    library's path, or None when it cannot be built or trusted. Keyed by source, flags, CPU flags
+    and torch version; ``DECODA_KERNEL_MARCH`` names a portable target instead of ``native`` (the
+    Dockerfile's image build)."""
+    import torch
+
+    include = Path(torch.__file__).parent / "include"
+    library_dir = Path(torch.__file__).parent / "lib"
+    march = os.environ.get("DECODA_KERNEL_MARCH", "native")
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    flags = [
+        "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-w",
+    ]  # fmt: skip
+    libraries = (f"-L{library_dir}", f"-Wl,-rpath,{library_dir}", "-lc10", "-ltorch_cpu")
+    machine = cpu_id() if march == "native" else march.encode()
+    key = source.read_bytes() + " ".join(flags).encode() + machine + torch.__version__.encode()
+    name = f"{stem}-{hashlib.sha256(key).hexdigest()[:16]}.so"
+
+    def load(path: str) -> Path:
+        torch.ops.load_library(path)
+        if register is not None:
+            register()
+        return Path(path)
+
+    return build_and_load(source, flags, name, load=load, compiler=("CXX", "g++"), libraries=libraries)

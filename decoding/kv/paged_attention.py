@@ -1,8 +1,10 @@
 """Decode attention over the paged KV cache: every single-token row of a step in one call.
 
-Two implementations of one function. The native one (``paged_decode.c``, compiled with the
-system C compiler on first use and loaded with ctypes, only from a directory and file no other user
-can write: ``native_kernel``) reads each row's blocks where they lie.
+Two implementations of one function. The native one (``paged_decode.cpp``, a PyTorch operator
+library compiled with the system C++ compiler against the installed torch on first use and loaded
+only from a directory and file no other user can write: ``native_kernel``) reads each row's blocks
+where they lie; a compiled one-token forward calls it from every layer with no Python in between
+(``publish_step``, ``step_attention``).
 Without a compiler (or on a GPU) the rows' blocks are gathered into a dense tensor and fed to
 ``grouped_attention``: the same numbers, at the price of copying the cache once per layer.
 ``DECODA_PAGED_KERNEL=torch`` forces the fallback (the tests compare the two).
@@ -10,24 +12,22 @@ Without a compiler (or on a GPU) the rows' blocks are gathered into a dense tens
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
 import logging
 import os
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from decoding.kv.native_kernel import build_and_load, cpu_id
+from decoding.kv.native_kernel import build_operators
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("paged_decode.c")
-# -march=native unless an image builder names a portable target (the Dockerfile: x86-64-v3)
-MARCH = os.environ.get("DECODA_KERNEL_MARCH", "native")
-FLAGS = ["-O3", f"-march={MARCH}", "-fopenmp", "-fPIC", "-shared"]
+SOURCE = Path(__file__).with_name("paged_decode.cpp")
+SUPPORTED = (torch.float32, torch.bfloat16)
 
-_library: list[ctypes.CDLL | None] = []  # loaded once per process; [None] when unavailable
+_loaded: list[bool] = []  # [True] once the operators are loaded in this process, [False] when unavailable
 
 
 def paged_decode(
@@ -49,20 +49,9 @@ def paged_decode(
     """
     plain = softcap is None and sinks is None and keys.shape[-1] == values.shape[-1]
     native = plain and keys.device.type == "cpu" and keys.dtype in (torch.float32, torch.bfloat16)
-    library = _native() if native else None
-    if library is None:
+    if not (native and native_available()):
         return _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap, sinks)
-    rows, num_heads, head_dim = query.shape
-    q = query.float().contiguous()
-    out = torch.empty((rows, num_heads, head_dim), dtype=torch.float32, device=query.device)
-    status = library.paged_decode(
-        q.data_ptr(), keys.data_ptr(), values.data_ptr(), tables.data_ptr(), lengths.data_ptr(),
-        firsts.data_ptr(), out.data_ptr(), rows, num_heads, keys.shape[1], keys.shape[2], head_dim,
-        tables.shape[1], ctypes.c_float(scaling), int(keys.dtype == torch.bfloat16), torch.get_num_threads(),
-    )  # fmt: skip
-    if status != 0:
-        raise RuntimeError("paged attention could not start its threads")
-    return out.to(query.dtype)
+    return torch.ops.decoda_paged.decode(query, keys, values, tables, lengths, firsts, scaling)
 
 
 def paged_write_decode(
@@ -86,11 +75,10 @@ def paged_write_decode(
     pool and the output in their dtypes. ``None`` when it cannot (no native kernel, another dtype
     or device, a stride it does not read): the caller takes the PyTorch path, with the same numbers.
     """
-    supported = (torch.float32, torch.bfloat16)
     tensors = (query, key, value, keys, values)
     if (
         query.device.type != "cpu"
-        or any(t.dtype not in supported or t.stride(-1) != 1 for t in tensors)
+        or any(t.dtype not in SUPPORTED or t.stride(-1) != 1 for t in tensors)
         or key.dtype != value.dtype
         or keys.dtype != values.dtype
         or not (keys.is_contiguous() and values.is_contiguous())
@@ -98,25 +86,59 @@ def paged_write_decode(
         or key.shape[-1] != keys.shape[-1]
         or key.shape[0] != keys.shape[1]
         or tables.shape[0] == 0
+        or not native_available()
     ):
         return None
-    library = _native()
-    if library is None:
-        return None
-    rows, (num_heads, _, head_dim) = tables.shape[0], query.shape
-    out = torch.empty((rows, num_heads, head_dim), dtype=query.dtype, device=query.device)
-    status = library.paged_write_decode(
-        query.data_ptr(), query.stride(0), query.stride(1), int(query.dtype == torch.bfloat16),
-        key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(), value.stride(0), value.stride(1),
-        int(key.dtype == torch.bfloat16), keys.data_ptr(), values.data_ptr(), int(keys.dtype == torch.bfloat16),
-        token_blocks.data_ptr(), token_offsets.data_ptr(), token_blocks.shape[0],
-        tables.data_ptr(), lengths.data_ptr(), firsts.data_ptr(), rows,
-        out.data_ptr(), int(out.dtype == torch.bfloat16), num_heads, keys.shape[1], keys.shape[2], head_dim,
-        tables.shape[1], ctypes.c_float(scaling), torch.get_num_threads(),
-    )  # fmt: skip
-    if status != 0:
-        raise RuntimeError("paged attention could not allocate its scratch memory")
-    return out
+    write_decode = torch.ops.decoda_paged.write_decode
+    return write_decode(query, key, value, keys, values, token_blocks, token_offsets, tables, lengths, firsts, scaling)
+
+
+@contextmanager
+def published_step(
+    keys: Sequence[torch.Tensor],  # the pool, one tensor a layer
+    values: Sequence[torch.Tensor],
+    token_blocks: torch.Tensor,
+    token_offsets: torch.Tensor,
+    tables: torch.Tensor,  # the decode rows' block tables: every token of the step is a decode row's
+    lengths: torch.Tensor,
+) -> Iterator[None]:
+    """Make a decode-only step's tables what ``step_attention`` reads on this thread, for one forward.
+
+    A compiled one-token forward's layers call the native operator directly; the tables cannot be
+    an argument of each layer's attention without threading them through the model's forward, so
+    they travel beside it, as the Python layout does for the custom op (one call a step, not a layer).
+    """
+    torch.ops.decoda_paged.set_step(list(keys), list(values), token_blocks, token_offsets, tables, lengths)
+    try:
+        yield
+    finally:
+        torch.ops.decoda_paged.clear_step()
+
+
+def step_attention_serves(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """Whether ``step_attention`` can stand for the whole attention of a one-token compiled step:
+    plain softmax attention (the caller rules out soft-capping and sinks) on a CPU kernel dtype."""
+    return (
+        query.device.type == "cpu"
+        and all(t.dtype in SUPPORTED for t in (query, key, value))
+        and key.dtype == value.dtype
+        and key.shape[-1] == value.shape[-1] == query.shape[-1]
+        and native_available()
+    )
+
+
+def step_attention(
+    query: torch.Tensor,  # [1, num_heads, 1, head_dim]
+    key: torch.Tensor,  # [1, num_kv_heads, 1, head_dim]
+    value: torch.Tensor,
+    layer: torch.Tensor,  # 0-d int64: which of the published pool's layers
+    scaling: float,
+    sliding_window: int | None,
+) -> torch.Tensor:
+    """``[1, 1, num_heads, head_dim]``: the layer's new K/V written and its one decode row attended,
+    from the tables ``published_step`` made current (a graph calls the operator through the dispatcher)."""
+    window = 0 if sliding_window is None else int(sliding_window)
+    return torch.ops.decoda_paged.step_attention(query, key, value, layer, scaling, window)
 
 
 def _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap=None, sinks=None):  # noqa: ANN001, ANN202
@@ -135,37 +157,26 @@ def _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap=Non
 
 
 def native_available() -> bool:
-    return _native() is not None
+    """True when the native operators are loaded (built here on first use)."""
+    if not _loaded:
+        _loaded.append(os.environ.get("DECODA_PAGED_KERNEL") != "torch" and _load())
+    return _loaded[0]
 
 
-def _native() -> ctypes.CDLL | None:
-    if not _library:
-        _library.append(None if os.environ.get("DECODA_PAGED_KERNEL") == "torch" else _load())
-    return _library[0]
-
-
-def _load() -> ctypes.CDLL | None:
-    machine = cpu_id() if MARCH == "native" else MARCH.encode()
-    tag = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode() + machine).hexdigest()[:16]
-    library = build_and_load(SOURCE, FLAGS, f"paged_decode-{tag}.so")
-    if library is None:
+def _load() -> bool:
+    if build_operators(SOURCE, "paged_decode", _register_fakes) is None:
         logger.warning("paged attention kernel unavailable: decode attention gathers the cache (slower)")
-        return None
-    library.paged_decode.restype = ctypes.c_int
-    library.paged_decode.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int64] * 6 + [
-        ctypes.c_float, ctypes.c_int, ctypes.c_int,
-    ]  # fmt: skip
-    pointer, size, flag = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-    library.paged_write_decode.restype = ctypes.c_int
-    library.paged_write_decode.argtypes = [
-        pointer, size, size, flag,  # query and its head/token strides
-        pointer, size, size, pointer, size, size, flag,  # new K, new V
-        pointer, pointer, flag,  # the pool
-        pointer, pointer, size,  # where each token goes
-        pointer, pointer, pointer, size,  # the decode rows' tables, lengths, firsts
-        pointer, flag, size, size, size, size, size, ctypes.c_float, flag,
-    ]  # fmt: skip
-    return library
+        return False
+    return True
+
+
+def _register_fakes() -> None:
+    """The output shapes a compiled graph traces (only step_attention appears in one)."""
+
+    def step_shape(query, key, value, layer, scale, window):  # noqa: ANN001, ANN202
+        return query.new_empty((1, query.shape[2], query.shape[1], value.shape[3]))
+
+    torch.library.register_fake("decoda_paged::step_attention", step_shape)
 
 
 

@@ -9,7 +9,9 @@ with the new keys/values, and this one:
    block table (the pool made those positions writable before the forward: ``KVPool.prepare``);
 2. runs all single-token rows (decode steps) as ONE call reading every row's blocks in place
    (``paged_attention.paged_decode``), each row masked to its own length; where the native kernel
-   serves, steps 1 and 2 are one call (``paged_write_decode``), with no PyTorch op around it;
+   serves, steps 1 and 2 are one call (``paged_write_decode``), with no PyTorch op around it; a
+   compiled one-token forward's layers call that operator straight from the graph
+   (``paged_attention.step_attention``, the step's tables published once by ``active_layout``);
 3. runs each multi-token row (a prompt chunk, a draft to verify) as its own attention over its
    blocks gathered in order, with a causal mask offset by the row's cached length, or, for
    contrastive-search candidates (sibling tokens at one position), a mask that lets each see the
@@ -34,7 +36,14 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
-from decoding.kv.paged_attention import grouped_attention, paged_decode, paged_write_decode
+from decoding.kv.paged_attention import (
+    grouped_attention,
+    paged_decode,
+    paged_write_decode,
+    published_step,
+    step_attention,
+    step_attention_serves,
+)
 from decoding.kv.pool import KVPool
 from decoding.model.compile import LAYER_BUFFER
 
@@ -141,18 +150,31 @@ _active: list[StepLayout | None] = [None]
 
 
 @contextmanager
-def active_layout(layout: StepLayout) -> Iterator[None]:
+def active_layout(layout: StepLayout, compiled: bool = False) -> Iterator[None]:
     """Make ``layout`` the one every attention layer of the next COMPILED forward uses.
 
     An eager forward gets its layout as a keyword argument (``LAYOUT_KWARG``). A
     ``torch.compile``d forward must see only tensors (a new Python object per step would re-trigger
-    its guards), so for it the layout travels beside the call, read by the opaque custom op.
+    its guards), so for it the layout travels beside the call, read by the opaque custom op; a
+    compiled one-token step's layers call the native operator instead, which reads the step's
+    tables from ``published_step``.
     """
     _active[0] = layout
     try:
-        yield
+        if compiled and layout.num_tokens == 1 and layout.decode and step_attention_serves_pool(layout.pool):
+            with published_step(layout.pool.keys, layout.pool.values, layout.token_blocks, layout.token_offsets,
+                                layout.decode_tables, layout.decode_lengths):  # fmt: skip
+                yield
+        else:
+            yield
     finally:
         _active[0] = None
+
+
+def step_attention_serves_pool(pool: KVPool) -> bool:
+    """The native step operator writes pools of one head size in float32 or bfloat16 on the CPU."""
+    keys, values = pool.keys[0], pool.values[0]
+    return keys.device.type == "cpu" and keys.dtype in (torch.float32, torch.bfloat16) and keys.shape == values.shape
 
 
 @torch.library.custom_op("decoda::packed_attention", mutates_args=())
@@ -214,12 +236,22 @@ def decoda_attention(
     layout = kwargs.get(LAYOUT_KWARG)
     if layout is not None:  # eager: the layout came with the call, no custom-op dispatch (~0.1 ms a layer)
         return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
-    window = -1 if sliding_window is None else int(sliding_window)
-    cap = 0.0 if softcap is None else float(softcap)
     layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
     if layer is None:
         layer = torch.tensor(module.layer_idx, device=query.device)
+    if _one_token_graph(query) and softcap is None and s_aux is None and step_attention_serves(query, key, value):
+        # the one-user step: the native operator, called by the graph with no Python in between
+        return step_attention(query, key, value, layer, float(scale), sliding_window), None
+    window = -1 if sliding_window is None else int(sliding_window)
+    cap = 0.0 if softcap is None else float(softcap)
     return packed_attention(query, key, value, layer, float(scale), window, cap, s_aux), None
+
+
+def _one_token_graph(query: torch.Tensor) -> bool:
+    """Tracing a graph specialized to one token (a lone decode row): the token count is the int 1,
+    where the many-token graph's is a symbol (``decoding.model.compile``)."""
+    tokens = query.shape[2]
+    return torch.compiler.is_compiling() and isinstance(tokens, int) and tokens == 1
 
 
 def _attend(

@@ -101,7 +101,7 @@ class ModelRunner:
             # beside the call always: a compiled forward reads it there, and so do the attention modules
             # of families that do not pass their keyword arguments down (StableLM); eager ones that
             # do get it as an argument, which skips the custom op's dispatch
-            context.enter_context(active_layout(layout))
+            context.enter_context(active_layout(layout, compiled))
             kwargs = {} if compiled else {LAYOUT_KWARG: layout}
             try:
                 out_logits = self.model(

@@ -23,14 +23,13 @@ minimums are kept as float16 when that is exact (GGUF's fp16 fields), else float
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 from pathlib import Path
 
 import torch
 
-from decoding.kv.native_kernel import build_and_load, cpu_id
+from decoding.kv.native_kernel import build_operators
 from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.matrix_base import MatrixModule
 
@@ -160,20 +159,7 @@ def _exact_in_half(values: torch.Tensor) -> bool:
 def _load() -> int | None:
     if os.environ.get("DECODA_BLOCK_KERNEL") == "torch":
         return None
-    include = Path(torch.__file__).parent / "include"
-    library_dir = Path(torch.__file__).parent / "lib"
-    march = os.environ.get("DECODA_KERNEL_MARCH", "native")
-    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    flags = [
-        "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-w",
-    ]  # fmt: skip
-    libraries = (f"-L{library_dir}", f"-Wl,-rpath,{library_dir}", "-lc10", "-ltorch_cpu")
-    machine = cpu_id() if march == "native" else march.encode()
-    key = SOURCE.read_bytes() + " ".join(flags).encode() + machine + torch.__version__.encode()
-    name = f"block_dot-{hashlib.sha256(key).hexdigest()[:16]}.so"
-    path = build_and_load(SOURCE, flags, name, load=_load_operators, compiler=("CXX", "g++"), libraries=libraries)
-    if path is None:
+    if build_operators(SOURCE, "block_dot", _register_fakes) is None:
         logger.warning("block kernel unavailable: GGUF/int4 weights use PyTorch's int4 kernel (slower at one token)")
         return None
     level = int(torch.ops.decoda_blocks.isa())
@@ -184,11 +170,9 @@ def _load() -> int | None:
     return level
 
 
-def _load_operators(path: str) -> str:
-    torch.ops.load_library(path)
+def _register_fakes() -> None:
     torch.library.register_fake("decoda_blocks::linear", _linear_shape)  # what the compiler traces
     _LINEAR.append(torch.ops.decoda_blocks.linear.default)
-    return path
 
 
 def _linear_shape(x, codes, scales, mins, bits):  # noqa: ANN001, ANN202
