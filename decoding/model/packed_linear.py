@@ -6,7 +6,7 @@ re-blocks the plain ``[out, in]`` weight on every call. oneDNN can block a weigh
 time (``torch.ops.mkldnn._reorder_linear_weight``, what inductor's freezing pass does for CPU
 linears), and then multiply any number of rows against it. Measured on this project's 2-core
 AMD EPYC over SmolLM2-135M's 210 linear shapes plus its 49152x576 LM head, float32
-(``.venv/bin/python loadtests/bench_linear_layouts.py``):
+(``.venv/bin/python -m loadtests.bench_linear_layouts``):
 
     tokens   F.linear(x, W)   x @ W_t   (W @ x.T).T   oneDNN packed
     1          49 ms          42 ms      56 ms          26 ms
@@ -19,13 +19,17 @@ So one packed copy serves every batch size, prefill chunks included: decode step
 run their linears in about half the time. The packed copy is the only copy: the plain ``weight``
 is dropped once packed (it doubled the resident weights: 424 MB more for SmolLM2 in float32). A
 linear whose weight another module also uses (an LM head tied to the embedding) is not packed: the
-embedding needs the plain rows, and a second, packed copy of the largest matrix would cost more
-memory (113 MB in float32) than it saves time (the 49152x576 head alone, one thread: 10.4 ms
-plain vs 11.0 ms packed at 1 row, 28 vs 21 ms at 16 rows).
+embedding needs the plain rows, and a second, packed copy of the largest matrix would cost 113 MB
+more in float32. In float32 such a linear multiplies as ``W @ x.T`` instead (``SharedWeightLinear``):
+MKL streams the big weight once for every row that way, where ``F.linear``'s ``x @ W.T`` takes a
+path ~3x slower. The 49152x576 head, 2 threads (``python -m loadtests.bench_linear_layouts``, its
+last table): 1 row 9.6 ms with ``F.linear``, 2.8 ms as ``W @ x.T`` with the row doubled (MKL's
+one-column product is as slow as ``F.linear``); 16 rows 18.7 vs 14.7 ms. In bfloat16 ``F.linear``
+is already as fast (3.4 ms at one row), so it stays.
 Results equal ``F.linear`` up to float reassociation (the HF parity tests run through this
 layer). bfloat16 weights pack the same way; they reach the CPU's bf16 dot-product instructions
-only where it has them (avx512_bf16 / AMX; this project's machine has neither, so oneDNN converts
-bf16 to float32 inside the kernel).
+only where it has them (avx512_bf16 / AMX; elsewhere oneDNN converts bf16 to float32 inside the
+kernel).
 """
 
 from __future__ import annotations
@@ -60,6 +64,31 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 
 
+class SharedWeightLinear(nn.Module):
+    """Drop-in for a float32 ``nn.Linear`` whose weight another module holds too (a tied LM head),
+    multiplied as ``W @ x.T``: the same weight tensor, no copy."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        self.weight = linear.weight
+        self.bias = linear.bias
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, self.in_features)
+        rows = flat.shape[0]
+        if rows == 1:  # a one-column product takes MKL's slow path again: two columns, one kept
+            flat = flat.repeat(2, 1)
+        out = (self.weight @ flat.T).T[:rows].contiguous()
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*hidden.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, shared weight as W @ x.T"
+
+
 def can_pack(model: nn.Module) -> bool:
     """Packing needs a CPU model in float32 or bfloat16 and a PyTorch built with oneDNN."""
     first = next(model.parameters())
@@ -71,16 +100,21 @@ def can_pack(model: nn.Module) -> bool:
 
 
 def pack_linears(model: nn.Module) -> int:
-    """Replace every ``nn.Linear`` of a CPU model whose weight it owns alone; returns how many were replaced."""
+    """Replace every ``nn.Linear`` of a CPU model whose weight it owns alone, and in float32 those
+    whose weight is shared (``SharedWeightLinear``); returns how many were packed."""
     if not can_pack(model):
         return 0
     shared = _weights_used_elsewhere(model)
     replaced = 0
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
-            if type(child) is nn.Linear and id(child.weight) not in shared:
+            if type(child) is not nn.Linear:
+                continue
+            if id(child.weight) not in shared:
                 setattr(module, name, PackedLinear(child))
                 replaced += 1
+            elif child.weight.dtype == torch.float32:
+                setattr(module, name, SharedWeightLinear(child))
     own_remaining_tensors(model)
     logger.debug("packed %d linears for oneDNN", replaced)
     return replaced
