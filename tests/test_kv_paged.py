@@ -157,18 +157,20 @@ def test_the_fused_write_and_decode_equals_writing_then_attending(model_dtype, p
 
 
 @pytest.mark.parametrize("window", [None, 6])
+@pytest.mark.parametrize("model_dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pool_dtype", [torch.float32, torch.bfloat16])
-def test_a_published_step_attends_as_the_fused_call(pool_dtype, window):
+def test_a_published_step_attends_as_the_fused_call(pool_dtype, model_dtype, window):
     """The compiled one-token step's operator (tables published once a step, the layer's pool picked
-    by its index) writes and attends exactly as the fused call given the same tensors."""
+    by its index) writes and attends exactly as the fused call given the same tensors, and both equal
+    the gathering path (one row: each thread takes a share of the query heads, not of the K/V heads)."""
     if not native_available():
         pytest.skip("no native kernel: the PyTorch path serves")
     torch.manual_seed(2)
     heads, kv_heads, dim, block, num_blocks, layers = 6, 2, 16, 4, 12, 3
     pools = [torch.randn(num_blocks, kv_heads, block, dim).to(pool_dtype) for _ in range(2 * layers)]
     keys, values = pools[:layers], pools[layers:]
-    query = torch.randn(1, 1, heads, dim).transpose(1, 2)  # [1, heads, 1, dim], strided as the model's
-    key, value = torch.randn(1, kv_heads, 1, dim), torch.randn(1, kv_heads, 1, dim)
+    query = torch.randn(1, 1, heads, dim).to(model_dtype).transpose(1, 2)  # [1, heads, 1, dim], strided as the model's
+    key, value = torch.randn(1, kv_heads, 1, dim).to(model_dtype), torch.randn(1, kv_heads, 1, dim).to(model_dtype)
     tables, lengths = torch.tensor([[7, 2, 9]]), torch.tensor([11])
     token_blocks, token_offsets = torch.tensor([9]), torch.tensor([2])
     firsts = torch.zeros(1, dtype=torch.long) if window is None else (lengths - window).clamp(min=0)
@@ -180,6 +182,9 @@ def test_a_published_step_attends_as_the_fused_call(pool_dtype, window):
     assert out.shape == (1, 1, heads, dim)
     assert torch.equal(out[0], expected)
     assert torch.equal(keys[1], fused_keys) and torch.equal(values[1], fused_values)
+    gathered = _gathered(query[0].transpose(0, 1).to(pool_dtype), fused_keys, fused_values, tables, lengths, firsts, 0.3)
+    tolerance = 1e-5 if model_dtype == pool_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out[0].float(), gathered.float(), atol=tolerance, rtol=tolerance)
     with pytest.raises(RuntimeError, match="no step published"):  # the step's tables do not outlive it
         step_attention(query, key, value, torch.tensor(1), 0.3, window)
 

@@ -50,8 +50,22 @@ struct Job {
     int64_t rows, heads, kv_heads, block, dim, table_stride;
     float scale;
     int bf16;
-    int64_t begin, end;      /* this thread's (row, kv head) units */
+    int64_t parts;           /* slices each (row, kv head)'s query heads are cut into: 1, or the group */
+    int64_t begin, end;      /* this thread's units: (row, kv head, slice), in that order */
 };
+
+/* How many slices a (row, kv head)'s query heads are cut into: the whole group at once (its K/V read
+   once for all of them) unless there are too few (row, kv head) pairs to keep every thread busy,
+   as at one row (SmolLM2: 3 K/V heads on 2 threads, one thread did 2 of the 3). */
+inline int64_t parts_for(int64_t rows, int64_t kv_heads, int64_t group, int threads) {
+    return rows * kv_heads < 2 * threads ? group : 1;
+}
+
+/* The first query head (row-major over rows, heads) unit u attends: units cover them in order. */
+inline int64_t first_head(const Job &j, int64_t u) {
+    const int64_t group = j.heads / j.kv_heads, pair = u / j.parts, part = u % j.parts;
+    return pair * group + part * group / j.parts;
+}
 
 /* bfloat16 <-> float32 as PyTorch converts: widening is exact, narrowing rounds to nearest even. */
 inline float bf16_to_f32(uint16_t h) {
@@ -88,14 +102,16 @@ void run(const Job &j) {
     std::vector<float> scores_buffer(static_cast<size_t>(group * max_len)), row_buffer(static_cast<size_t>(j.dim));
     float *scores = scores_buffer.data(), *row_k = row_buffer.data();
     for (int64_t unit = j.begin; unit < j.end; unit++) {
-        int64_t r = unit / j.kv_heads, h = unit % j.kv_heads;
+        const int64_t pair = unit / j.parts, part = unit % j.parts;
+        const int64_t r = pair / j.kv_heads, h = pair % j.kv_heads;
+        const int64_t g0 = part * group / j.parts, g1 = (part + 1) * group / j.parts;
         int64_t len = j.lengths[r], first = first_of(j, r);
         const int64_t *table = j.tables + r * j.table_stride;
         const float *q = j.q + (r * j.heads + h * group) * j.dim;
         for (int64_t p = first; p < len; p++) {
             int64_t base = ((table[p / j.block] * j.kv_heads + h) * j.block + p % j.block) * j.dim;
             const float *k = row_at(j.keys, base, j.dim, j.bf16, row_k);
-            for (int64_t g = 0; g < group; g++) {
+            for (int64_t g = g0; g < g1; g++) {
                 const float *qg = q + g * j.dim;
                 float s = 0.0f;
 #pragma omp simd reduction(+ : s)
@@ -103,7 +119,7 @@ void run(const Job &j) {
                 scores[g * len + p] = s * j.scale;
             }
         }
-        for (int64_t g = 0; g < group; g++) {
+        for (int64_t g = g0; g < g1; g++) {
             float *sg = scores + g * len;
             float top = -INFINITY, total = 0.0f;
             for (int64_t p = first; p < len; p++) if (sg[p] > top) top = sg[p];
@@ -115,7 +131,7 @@ void run(const Job &j) {
         for (int64_t p = first; p < len; p++) {
             int64_t base = ((table[p / j.block] * j.kv_heads + h) * j.block + p % j.block) * j.dim;
             const float *v = row_at(j.values, base, j.dim, j.bf16, row_k);
-            for (int64_t g = 0; g < group; g++) {
+            for (int64_t g = g0; g < g1; g++) {
                 float w = scores[g * len + p];
                 float *o = j.out + (r * j.heads + h * group + g) * j.dim;
 #pragma omp simd
@@ -146,57 +162,60 @@ void check_index(const at::Tensor &t, const char *name, int64_t dims) {
                 "paged attention: ", name, " must be a contiguous int64 CPU tensor of ", dims, " dimensions");
 }
 
-/* Strided [heads, tokens, dim] views (the model's [1, heads, tokens, dim] after its transpose):
-   element (h, t, d) at h * head_stride + t * token_stride + d. */
+/* Strided [heads, tokens, dim] views of the model's tensors ([1, heads, tokens, dim] after its
+   transpose, read in place: no view op dispatched): element (h, t, d) at
+   h * head_stride + t * token_stride + d. */
 struct View {
     const void *data;
-    int64_t head_stride, token_stride;
+    int64_t heads, tokens, dim, head_stride, token_stride;
     int bf16;
 };
 
-View view_of(const at::Tensor &t, const char *name) {  // [heads, tokens, dim], last stride 1
+View view_of(const at::Tensor &t, const char *name) {  // [heads, tokens, dim] or [1, heads, tokens, dim]
     check_float(t, name);
-    TORCH_CHECK(t.dim() == 3 && t.stride(2) == 1, "paged attention: ", name, " must be [heads, tokens, dim] with unit last stride");
-    return View{t.data_ptr(), t.stride(0), t.stride(1), is_bf16(t)};
+    const int64_t lead = t.dim() - 3;
+    TORCH_CHECK((lead == 0 || (lead == 1 && t.size(0) == 1)) && t.stride(t.dim() - 1) == 1, "paged attention: ",
+                name, " must be [heads, tokens, dim] (or [1, heads, tokens, dim]) with unit last stride");
+    return View{t.data_ptr(), t.size(lead), t.size(lead + 1), t.size(lead + 2), t.stride(lead), t.stride(lead + 1),
+                is_bf16(t)};
 }
 
-/* Every token's K/V into the pool, then the first `rows` tokens' attention over their tables; out
-   [rows, heads, dim] in the query's dtype. `window` > 0 replaces firsts (firsts may then be null). */
-at::Tensor write_and_attend(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                            const at::Tensor &keys, const at::Tensor &values, const at::Tensor &token_blocks, const at::Tensor &token_offsets,
-                            const at::Tensor &tables, const at::Tensor &lengths, const int64_t *firsts,
-                            int64_t window, double scale) {
-    const View qv = view_of(query, "query"), kv[2] = {view_of(key, "key"), view_of(value, "value")};
+/* Every token's K/V into the pool, then the first `rows` tokens' attention over their tables, into
+   `out` (contiguous, rows x heads x dim, in the query's dtype). `window` > 0 replaces firsts (then null). */
+void write_and_attend(const View &qv, const View (&kv)[2], const at::Tensor &keys, const at::Tensor &values,
+                      const at::Tensor &token_blocks, const at::Tensor &token_offsets, const at::Tensor &tables,
+                      const at::Tensor &lengths, const int64_t *firsts, int64_t window, double scale,
+                      const at::Tensor &out) {
     check_float(keys, "the key pool");
     check_float(values, "the value pool");
     TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
                 keys.scalar_type() == values.scalar_type(),
                 "paged attention: the pools must be contiguous [blocks, kv_heads, block, dim] of one dtype");
-    TORCH_CHECK(key.scalar_type() == value.scalar_type(), "paged attention: key and value must share a dtype");
+    TORCH_CHECK(kv[0].bf16 == kv[1].bf16, "paged attention: key and value must share a dtype");
     check_index(token_blocks, "token_blocks", 1);
     check_index(token_offsets, "token_offsets", 1);
     check_index(tables, "tables", 2);
     check_index(lengths, "lengths", 1);
-    const int64_t heads = query.size(0), dim = query.size(2), kv_heads = keys.size(1), block = keys.size(2);
+    const int64_t heads = qv.heads, dim = qv.dim, kv_heads = keys.size(1), block = keys.size(2);
     const int64_t num_tokens = token_blocks.size(0), rows = tables.size(0);
-    TORCH_CHECK(key.size(0) == kv_heads && value.size(0) == kv_heads && key.size(2) == dim && value.size(2) == dim &&
+    TORCH_CHECK(kv[0].heads == kv_heads && kv[1].heads == kv_heads && kv[0].dim == dim && kv[1].dim == dim &&
                 keys.size(3) == dim && heads % kv_heads == 0,
                 "paged attention: query, key, value and pool head sizes disagree");
-    TORCH_CHECK(key.size(1) >= num_tokens && value.size(1) >= num_tokens && token_offsets.size(0) == num_tokens &&
-                query.size(1) >= rows && lengths.size(0) == rows,
+    TORCH_CHECK(kv[0].tokens >= num_tokens && kv[1].tokens >= num_tokens && token_offsets.size(0) == num_tokens &&
+                qv.tokens >= rows && lengths.size(0) == rows && out.numel() == rows * heads * dim,
                 "paged attention: token and row counts disagree");
     const int pool_bf16 = is_bf16(keys), out_bf16 = qv.bf16;
     void *pools[2] = {keys.data_ptr(), values.data_ptr()};
     const int64_t *blocks_at = token_blocks.data_ptr<int64_t>(), *offsets_at = token_offsets.data_ptr<int64_t>();
-    at::Tensor out = at::empty({rows, heads, dim}, query.options());
     std::vector<float> q32(static_cast<size_t>(rows * heads * dim + 1));
     std::vector<float> out_buffer(out_bf16 ? static_cast<size_t>(rows * heads * dim + 1) : 0);
     float *out32 = out_bf16 ? out_buffer.data() : out.data_ptr<float>();
-    const int64_t units = rows * kv_heads, writes = num_tokens * kv_heads;
     const int threads = std::max(1, at::get_num_threads());
+    const int64_t group = heads / kv_heads, parts = parts_for(rows, kv_heads, group, threads);
+    const int64_t units = rows * kv_heads * parts, writes = num_tokens * kv_heads;
     Job base{q32.data(), pools[0], pools[1], tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), firsts,
              window, out32, rows, heads, kv_heads, block, dim, tables.size(1), static_cast<float>(scale),
-             pool_bf16, 0, 0};
+             pool_bf16, parts, 0, 0};
     void *out_data = out.data_ptr();
 #pragma omp parallel num_threads(threads)
     {
@@ -229,21 +248,24 @@ at::Tensor write_and_attend(const at::Tensor &query, const at::Tensor &key, cons
         j.begin = units * t / n;
         j.end = units * (t + 1) / n;
         run(j);
-        if (out_bf16) {  /* this thread's units are rows r, heads h*group .. h*group+group-1: contiguous */
-            int64_t group = heads / kv_heads;
-            for (int64_t x = j.begin * group * dim; x < j.end * group * dim; x++) store_at(out_data, x, out32[x], 1);
+        if (out_bf16) {  /* this thread's units attend one contiguous range of (row, query head) */
+            const int64_t end = first_head(j, j.end) * dim;
+            for (int64_t x = first_head(j, j.begin) * dim; x < end; x++) store_at(out_data, x, out32[x], 1);
         }
     }
-    return out;
 }
 
 at::Tensor write_decode(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                        const at::Tensor &keys, const at::Tensor &values, const at::Tensor &token_blocks, const at::Tensor &token_offsets,
-                        const at::Tensor &tables, const at::Tensor &lengths, const at::Tensor &firsts, double scale) {
+                        const at::Tensor &keys, const at::Tensor &values, const at::Tensor &token_blocks,
+                        const at::Tensor &token_offsets, const at::Tensor &tables, const at::Tensor &lengths,
+                        const at::Tensor &firsts, double scale) {
     check_index(firsts, "firsts", 1);
     TORCH_CHECK(firsts.size(0) == tables.size(0), "paged attention: one first position per row");
-    return write_and_attend(query, key, value, keys, values, token_blocks, token_offsets, tables, lengths,
-                            firsts.data_ptr<int64_t>(), 0, scale);
+    const View qv = view_of(query, "query"), kv[2] = {view_of(key, "key"), view_of(value, "value")};
+    at::Tensor out = at::empty({tables.size(0), qv.heads, qv.dim}, query.options());
+    write_and_attend(qv, kv, keys, values, token_blocks, token_offsets, tables, lengths, firsts.data_ptr<int64_t>(),
+                     0, scale, out);
+    return out;
 }
 
 at::Tensor decode(const at::Tensor &query, const at::Tensor &keys, const at::Tensor &values, const at::Tensor &tables,
@@ -262,11 +284,12 @@ at::Tensor decode(const at::Tensor &query, const at::Tensor &keys, const at::Ten
                 firsts.size(0) == rows, "paged attention: query, pool and table sizes disagree");
     const at::Tensor q = query.to(at::kFloat).contiguous();
     at::Tensor out = at::empty({rows, heads, dim}, q.options());
-    const int64_t units = rows * kv_heads;
+    const int64_t group = heads / kv_heads, parts = parts_for(rows, kv_heads, group, at::get_num_threads());
+    const int64_t units = rows * kv_heads * parts;
     const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units)));
     Job base{q.data_ptr<float>(), keys.data_ptr(), values.data_ptr(), tables.data_ptr<int64_t>(),
              lengths.data_ptr<int64_t>(), firsts.data_ptr<int64_t>(), 0, out.data_ptr<float>(), rows, heads,
-             kv_heads, keys.size(2), dim, tables.size(1), static_cast<float>(scale), is_bf16(keys), 0, 0};
+             kv_heads, keys.size(2), dim, tables.size(1), static_cast<float>(scale), is_bf16(keys), parts, 0, 0};
 #pragma omp parallel num_threads(threads)
     {
         int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -306,7 +329,7 @@ void clear_step() { step = Step(); }
 at::Tensor step_attention(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
                           const at::Tensor &layer, double scale, int64_t window) {
     TORCH_CHECK(step.set, "paged attention: step_attention called with no step published (set_step)");
-    TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4 && query.size(0) == 1,
+    TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
                 "paged attention: step_attention takes [1, heads, tokens, dim] tensors");
     TORCH_CHECK(layer.scalar_type() == at::kLong && layer.numel() == 1 && layer.device().is_cpu(),
                 "paged attention: layer must be one int64 CPU value");
@@ -314,10 +337,11 @@ at::Tensor step_attention(const at::Tensor &query, const at::Tensor &key, const 
     TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(step.keys.size()), "paged attention: no layer ", index);
     TORCH_CHECK(step.tables.size(0) == step.token_blocks.size(0),
                 "paged attention: step_attention serves steps of decode rows only");
-    at::Tensor out = write_and_attend(query[0], key[0], value[0], step.keys[index], step.values[index],
-                                      step.token_blocks, step.token_offsets, step.tables, step.lengths, nullptr,
-                                      window > 0 ? window : 0, scale);
-    return out.unsqueeze(0);
+    const View qv = view_of(query, "query"), kv[2] = {view_of(key, "key"), view_of(value, "value")};
+    at::Tensor out = at::empty({1, step.tables.size(0), qv.heads, qv.dim}, query.options());
+    write_and_attend(qv, kv, step.keys[index], step.values[index], step.token_blocks, step.token_offsets, step.tables,
+                     step.lengths, nullptr, window > 0 ? window : 0, scale, out);
+    return out;
 }
 
 }  // namespace
