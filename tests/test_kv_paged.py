@@ -182,7 +182,8 @@ def test_a_published_step_attends_as_the_fused_call(pool_dtype, model_dtype, win
     assert out.shape == (1, 1, heads, dim)
     assert torch.equal(out[0], expected)
     assert torch.equal(keys[1], fused_keys) and torch.equal(values[1], fused_values)
-    gathered = _gathered(query[0].transpose(0, 1).to(pool_dtype), fused_keys, fused_values, tables, lengths, firsts, 0.3)
+    row_query = query[0].transpose(0, 1).to(pool_dtype)
+    gathered = _gathered(row_query, fused_keys, fused_values, tables, lengths, firsts, 0.3)
     tolerance = 1e-5 if model_dtype == pool_dtype == torch.float32 else 2e-2
     torch.testing.assert_close(out[0].float(), gathered.float(), atol=tolerance, rtol=tolerance)
     with pytest.raises(RuntimeError, match="no step published"):  # the step's tables do not outlive it

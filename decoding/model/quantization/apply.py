@@ -35,6 +35,7 @@ from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.block_matrix import BlockMatrix, fits
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
+from decoding.model.quantization.sibling_products import fuse_sibling_products
 from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
 
 logger = logging.getLogger(__name__)
@@ -116,6 +117,7 @@ def quantize_model(model: nn.Module, mode: str, *, gguf_path: Path | None = None
                 _swap_linear(model, name, module, source, kinds, weight=module.weight.t())
     finally:
         source.close()
+    fuse_sibling_products(model)  # q/k/v and gate/up block matrices read as one each
     own_remaining_tensors(model)  # frees the float checkpoint's file mapping and the heap it left
     logger.info("quantization %s: %s", mode, ", ".join(f"{n} x {k}" for k, n in sorted(kinds.items())))
     return kinds

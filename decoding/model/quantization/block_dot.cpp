@@ -431,6 +431,50 @@ at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::
     return out;
 }
 
+/* The last fused product of this thread: sibling linears (q/k/v, gate/up) whose weights are one
+   matrix, read once for all of them, meet here one after another with the same input. Holding the
+   matrix's tensors keeps their memory from being reused by another matrix while remembered. */
+struct LastProduct {
+    at::Tensor codes, scales, mins, out;
+    std::vector<char> x;  // the input's bytes
+    std::vector<int64_t> sizes;
+    at::ScalarType dtype = at::kFloat;
+};
+
+thread_local LastProduct last;
+
+/* Rows start..end-1 of the product x @ W.T with W the (fused) matrix: the whole product is computed
+   when the input differs from the last call's (bytes compared) or the matrix does, else the last
+   one is cut; the output is a fresh tensor either way. */
+at::Tensor block_linear_part(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
+                             const at::Tensor& mins, int64_t bits, int64_t start, int64_t end) {
+    TORCH_CHECK(0 <= start && start < end && end <= codes.size(0), "block linear part: rows ", start, "..", end,
+                " outside the matrix's ", codes.size(0));
+    TORCH_CHECK(x.is_contiguous(), "block linear part: x must be contiguous");
+    const size_t bytes = x.nbytes();
+    const char* data = static_cast<const char*>(x.data_ptr());
+    const bool same = last.out.defined() && last.codes.is_same(codes) && last.scales.is_same(scales) &&
+                      last.mins.is_same(mins) && last.dtype == x.scalar_type() && last.sizes == x.sizes().vec() &&
+                      last.x.size() == bytes && std::memcmp(last.x.data(), data, bytes) == 0;
+    if (!same) {
+        last.out = block_linear(x, codes, scales, mins, bits);
+        last.codes = codes;
+        last.scales = scales;
+        last.mins = mins;
+        last.x.assign(data, data + bytes);
+        last.sizes = x.sizes().vec();
+        last.dtype = x.scalar_type();
+    }
+    const int64_t rows = x.size(0), width = end - start, total = codes.size(0);
+    at::Tensor out = at::empty({rows, width}, x.options());
+    const size_t item = out.element_size();
+    const char* from = static_cast<const char*>(last.out.data_ptr());
+    char* to = static_cast<char*>(out.data_ptr());
+    for (int64_t r = 0; r < rows; r++)
+        std::memcpy(to + r * width * item, from + (r * total + start) * item, width * item);
+    return out;
+}
+
 /* Which integer dot product this build uses: 2 AVX-512 VNNI, 1 AVX2, 0 plain C. */
 int64_t block_isa() {
 #if defined(BLOCK_AVX512_VNNI)
@@ -446,7 +490,9 @@ int64_t block_isa() {
 
 TORCH_LIBRARY(decoda_blocks, m) {
     m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits) -> Tensor");
+    m.def("linear_part(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int start, int end) -> Tensor");
     m.def("isa() -> int");
     m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(block_linear));
+    m.impl("linear_part", c10::DispatchKey::CPU, TORCH_FN(block_linear_part));
     m.impl("isa", c10::DispatchKey::CatchAll, TORCH_FN(block_isa));
 }

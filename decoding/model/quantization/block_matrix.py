@@ -172,8 +172,13 @@ def _load() -> int | None:
 
 def _register_fakes() -> None:
     torch.library.register_fake("decoda_blocks::linear", _linear_shape)  # what the compiler traces
+    torch.library.register_fake("decoda_blocks::linear_part", _part_shape)
     _LINEAR.append(torch.ops.decoda_blocks.linear.default)
 
 
 def _linear_shape(x, codes, scales, mins, bits):  # noqa: ANN001, ANN202
     return x.new_empty((x.shape[0], codes.shape[0]))
+
+
+def _part_shape(x, codes, scales, mins, bits, start, end):  # noqa: ANN001, ANN202
+    return x.new_empty((x.shape[0], end - start))
