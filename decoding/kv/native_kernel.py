@@ -1,7 +1,8 @@
 """Building and loading a small native kernel so that nobody else can plant the code we run.
 
-The kernel is compiled on first use and cached as a shared library; ``ctypes.CDLL`` then runs
-whatever file it finds under that name, as the server's user. So a cache directory is used only
+The kernel is compiled on first use and cached as a shared library; loading it
+(``torch.ops.load_library`` for the PyTorch operator libraries, ``build_operators``; any ``dlopen``)
+runs whatever file it finds under that name, as the server's user. So a cache directory is used only
 when it belongs to this user (or root: the image builds its kernel as root) and no one else may
 write to it (checked with ``lstat``: a symlink planted in its place is refused too), a library only
 when it is a regular file of the same owners that no one else may write, and a build goes into a

@@ -4,7 +4,7 @@ Two implementations of one function. The native one (``paged_decode.cpp``, a PyT
 library compiled with the system C++ compiler against the installed torch on first use and loaded
 only from a directory and file no other user can write: ``native_kernel``) reads each row's blocks
 where they lie; a compiled one-token forward calls it from every layer with no Python in between
-(``publish_step``, ``step_attention``).
+(``published_step``, ``step_attention``).
 Without a compiler (or on a GPU) the rows' blocks are gathered into a dense tensor and fed to
 ``grouped_attention``: the same numbers, at the price of copying the cache once per layer.
 ``DECODA_PAGED_KERNEL=torch`` forces the fallback (the tests compare the two).
