@@ -48,7 +48,7 @@ def paged_decode(
     the native kernel computes plain softmax attention over K and V of one head size only.
     """
     plain = softcap is None and sinks is None and keys.shape[-1] == values.shape[-1]
-    native = plain and keys.device.type == "cpu" and keys.dtype in (torch.float32, torch.bfloat16)
+    native = plain and keys.device.type == "cpu" and keys.dtype in SUPPORTED
     if not (native and native_available()):
         return _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap, sinks)
     return torch.ops.decoda_paged.decode(query, keys, values, tables, lengths, firsts, scaling)

@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface
 
 from decoding.kv.paged_attention import (
     grouped_attention,
+    native_available,
     paged_decode,
     paged_write_decode,
     published_step,
@@ -161,7 +162,8 @@ def active_layout(layout: StepLayout, compiled: bool = False) -> Iterator[None]:
     """
     _active[0] = layout
     try:
-        if compiled and layout.num_tokens == 1 and layout.decode and step_attention_serves_pool(layout.pool):
+        # a lone token is a decode row; the graph chose the operator at trace time where it is built
+        if compiled and layout.num_tokens == 1 and native_available():
             with published_step(layout.pool.keys, layout.pool.values, layout.token_blocks, layout.token_offsets,
                                 layout.decode_tables, layout.decode_lengths):  # fmt: skip
                 yield
@@ -169,12 +171,6 @@ def active_layout(layout: StepLayout, compiled: bool = False) -> Iterator[None]:
             yield
     finally:
         _active[0] = None
-
-
-def step_attention_serves_pool(pool: KVPool) -> bool:
-    """The native step operator writes pools of one head size in float32 or bfloat16 on the CPU."""
-    keys, values = pool.keys[0], pool.values[0]
-    return keys.device.type == "cpu" and keys.dtype in (torch.float32, torch.bfloat16) and keys.shape == values.shape
 
 
 @torch.library.custom_op("decoda::packed_attention", mutates_args=())

@@ -61,7 +61,7 @@ class BlockMatrixPart(BlockMatrix):
 def fuse_sibling_products(model: nn.Module) -> int:
     """Stack each group of sibling block-matrix linears into one matrix; returns how many groups."""
     fused = 0
-    for module in model.modules():
+    for module in list(model.modules()):  # the loop swaps matrices below these modules
         for names in SIBLINGS:
             linears = [getattr(module, name, None) for name in names]
             if all(_fusable(linear, linears[0]) for linear in linears):
