@@ -24,6 +24,7 @@ from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine.client import ChatTemplates, WorkerEngineClient
 from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
+from decoding.engine.prebuild import start_builds
 from decoding.engine.warmup import warm_up
 from decoding.engine.worker import Worker
 from decoding.kv.memory import kv_cache_bytes
@@ -117,6 +118,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     config = dataclasses.replace(config, dtype=dtype)  # assistants and reports see the concrete dtype
     device = torch.device(config.device)
     preflight(config.custom_generate, config.trust_remote_code)  # before the (slow) model load
+    builds_done = start_builds(device=config.device, quantization=config.quantization, compile=config.compile)
     loaded = load_model(
         config.model,
         dtype=config.dtype,
@@ -126,6 +128,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         quantization=config.quantization,
     )
     model = loaded.model
+    builds_done()  # the compile below (and a first step) needs every one of them
     prepare_forward(model, compile=config.compile)
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
     assistants = load_assistants(config, loaded)

@@ -125,7 +125,7 @@ def cpu_id() -> bytes:
 
 
 def build_operators(source: Path, stem: str, register: Callable[[], None] | None = None) -> Path | None:
-    """Build a PyTorch operator library (``TORCH_LIBRARY``) from ``source`` against the installed
+    """Build a PyTorch operator library (``STABLE_TORCH_LIBRARY``) from ``source`` against the installed
     torch for this CPU, load it into the process and run ``register`` (its fake shapes); the
     library's path, or None when it cannot be built or trusted. Keyed by source, flags, CPU flags
     and torch version; ``DECODA_KERNEL_MARCH`` names a portable target instead of ``native`` (the
@@ -138,7 +138,7 @@ def build_operators(source: Path, stem: str, register: Callable[[], None] | None
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     flags = [
         "-O3", f"-march={march}", "-fopenmp", "-fPIC", "-shared", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
-        f"-I{include}", f"-I{include / 'torch' / 'csrc' / 'api' / 'include'}", "-w",
+        f"-I{include}", "-w",
     ]  # fmt: skip
     libraries = (f"-L{library_dir}", f"-Wl,-rpath,{library_dir}", "-lc10", "-ltorch_cpu")
     machine = cpu_id() if march == "native" else march.encode()

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,6 +29,7 @@ SOURCE = Path(__file__).with_name("paged_decode.cpp")
 SUPPORTED = (torch.float32, torch.bfloat16)
 
 _loaded: list[bool] = []  # [True] once the operators are loaded in this process, [False] when unavailable
+_loading = threading.Lock()  # the start-up builds it in the background (decoding.engine.prebuild)
 
 
 def paged_decode(
@@ -159,7 +161,9 @@ def _gathered(query, keys, values, tables, lengths, firsts, scaling, softcap=Non
 def native_available() -> bool:
     """True when the native operators are loaded (built here on first use)."""
     if not _loaded:
-        _loaded.append(os.environ.get("DECODA_PAGED_KERNEL") != "torch" and _load())
+        with _loading:  # one build: a second thread waits for it
+            if not _loaded:
+                _loaded.append(os.environ.get("DECODA_PAGED_KERNEL") != "torch" and _load())
     return _loaded[0]
 
 

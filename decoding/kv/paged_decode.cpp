@@ -9,9 +9,12 @@
    runtime (or plain pthreads) would fight PyTorch's spinning workers for the cores: measured, a
    pthread kernel made a 1-row step 14 ms slower.
 
-   It is a PyTorch operator library (TORCH_LIBRARY decoda_paged), built with the system C++ compiler
-   against the installed torch on first use (decoding/kv/paged_attention.py), so a compiled graph
-   calls it through the dispatcher, with no Python in between:
+   It is a PyTorch operator library (STABLE_TORCH_LIBRARY decoda_paged), built with the system C++
+   compiler against the installed torch on first use (decoding/kv/paged_attention.py), so a compiled
+   graph calls it through the dispatcher, with no Python in between. It is written against PyTorch's
+   stable C ABI (torch/csrc/stable) rather than ATen's C++ API: its headers are a third of ATen's
+   and it has no unboxing templates to instantiate, so the first start builds it in ~3 s where the
+   ATen version took ~7.5 (a machine's first start with --compile waits for it):
 
    - write_decode is the whole of one layer's cache work at a decode step in one call: the new
      tokens' K/V written into their (block, offset) in the pool's dtype, then the decode rows'
@@ -24,11 +27,11 @@
      calls step_attention with only its tensors and its layer index. That call writes the pool as
      write_decode does; its schema declares no mutation on purpose, as the Python custom op it
      replaces did: the pool is no input of the graph, and nothing in the graph reads it. */
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
 #include <omp.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
 
 #include <algorithm>
 #include <cmath>
@@ -37,6 +40,9 @@
 #include <vector>
 
 namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
 
 struct Job {
     const float *q;          /* [rows, heads, dim] float32 */
@@ -150,16 +156,35 @@ inline void store_at(void *base, int64_t at, float x, int bf16) {
     else static_cast<float *>(base)[at] = x;
 }
 
-bool is_bf16(const at::Tensor &t) { return t.scalar_type() == at::kBFloat16; }
+bool is_bf16(const Tensor &t) { return t.scalar_type() == ScalarType::BFloat16; }
 
-void check_float(const at::Tensor &t, const char *name) {
-    TORCH_CHECK(t.device().is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16),
-                "paged attention: ", name, " must be a float32 or bfloat16 CPU tensor");
+const int64_t *ints(const Tensor &t) { return static_cast<const int64_t *>(t.data_ptr()); }
+
+bool same_sizes(const Tensor &a, const Tensor &b) {
+    if (a.dim() != b.dim()) return false;
+    for (int64_t d = 0; d < a.dim(); d++)
+        if (a.size(d) != b.size(d)) return false;
+    return true;
 }
 
-void check_index(const at::Tensor &t, const char *name, int64_t dims) {
-    TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.dim() == dims && t.is_contiguous(),
-                "paged attention: ", name, " must be a contiguous int64 CPU tensor of ", dims, " dimensions");
+int num_threads() { return std::max(1, static_cast<int>(torch::stable::get_num_threads())); }
+
+void check_float(const Tensor &t, const char *name) {
+    STD_TORCH_CHECK(t.is_cpu() && (t.scalar_type() == ScalarType::Float || is_bf16(t)),
+                    "paged attention: ", name, " must be a float32 or bfloat16 CPU tensor");
+}
+
+void check_index(const Tensor &t, const char *name, int64_t dims) {
+    STD_TORCH_CHECK(t.is_cpu() && t.scalar_type() == ScalarType::Long && t.dim() == dims && t.is_contiguous(),
+                    "paged attention: ", name, " must be a contiguous int64 CPU tensor of ", dims, " dimensions");
+}
+
+void check_pools(const Tensor &keys, const Tensor &values) {
+    check_float(keys, "the key pool");
+    check_float(values, "the value pool");
+    STD_TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && same_sizes(keys, values) &&
+                    keys.scalar_type() == values.scalar_type(),
+                    "paged attention: the pools must be contiguous [blocks, kv_heads, block, dim] of one dtype");
 }
 
 /* Strided [heads, tokens, dim] views of the model's tensors ([1, heads, tokens, dim] after its
@@ -171,49 +196,44 @@ struct View {
     int bf16;
 };
 
-View view_of(const at::Tensor &t, const char *name) {  // [heads, tokens, dim] or [1, heads, tokens, dim]
+View view_of(const Tensor &t, const char *name) {  // [heads, tokens, dim] or [1, heads, tokens, dim]
     check_float(t, name);
     const int64_t lead = t.dim() - 3;
-    TORCH_CHECK((lead == 0 || (lead == 1 && t.size(0) == 1)) && t.stride(t.dim() - 1) == 1, "paged attention: ",
-                name, " must be [heads, tokens, dim] (or [1, heads, tokens, dim]) with unit last stride");
+    STD_TORCH_CHECK((lead == 0 || (lead == 1 && t.size(0) == 1)) && t.stride(t.dim() - 1) == 1, "paged attention: ",
+                    name, " must be [heads, tokens, dim] (or [1, heads, tokens, dim]) with unit last stride");
     return View{t.data_ptr(), t.size(lead), t.size(lead + 1), t.size(lead + 2), t.stride(lead), t.stride(lead + 1),
                 is_bf16(t)};
 }
 
 /* Every token's K/V into the pool, then the first `rows` tokens' attention over their tables, into
    `out` (contiguous, rows x heads x dim, in the query's dtype). `window` > 0 replaces firsts (then null). */
-void write_and_attend(const View &qv, const View (&kv)[2], const at::Tensor &keys, const at::Tensor &values,
-                      const at::Tensor &token_blocks, const at::Tensor &token_offsets, const at::Tensor &tables,
-                      const at::Tensor &lengths, const int64_t *firsts, int64_t window, double scale,
-                      const at::Tensor &out) {
-    check_float(keys, "the key pool");
-    check_float(values, "the value pool");
-    TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
-                keys.scalar_type() == values.scalar_type(),
-                "paged attention: the pools must be contiguous [blocks, kv_heads, block, dim] of one dtype");
-    TORCH_CHECK(kv[0].bf16 == kv[1].bf16, "paged attention: key and value must share a dtype");
+void write_and_attend(const View &qv, const View (&kv)[2], const Tensor &keys, const Tensor &values,
+                      const Tensor &token_blocks, const Tensor &token_offsets, const Tensor &tables,
+                      const Tensor &lengths, const int64_t *firsts, int64_t window, double scale, const Tensor &out) {
+    check_pools(keys, values);
+    STD_TORCH_CHECK(kv[0].bf16 == kv[1].bf16, "paged attention: key and value must share a dtype");
     check_index(token_blocks, "token_blocks", 1);
     check_index(token_offsets, "token_offsets", 1);
     check_index(tables, "tables", 2);
     check_index(lengths, "lengths", 1);
     const int64_t heads = qv.heads, dim = qv.dim, kv_heads = keys.size(1), block = keys.size(2);
     const int64_t num_tokens = token_blocks.size(0), rows = tables.size(0);
-    TORCH_CHECK(kv[0].heads == kv_heads && kv[1].heads == kv_heads && kv[0].dim == dim && kv[1].dim == dim &&
-                keys.size(3) == dim && heads % kv_heads == 0,
-                "paged attention: query, key, value and pool head sizes disagree");
-    TORCH_CHECK(kv[0].tokens >= num_tokens && kv[1].tokens >= num_tokens && token_offsets.size(0) == num_tokens &&
-                qv.tokens >= rows && lengths.size(0) == rows && out.numel() == rows * heads * dim,
-                "paged attention: token and row counts disagree");
+    STD_TORCH_CHECK(kv[0].heads == kv_heads && kv[1].heads == kv_heads && kv[0].dim == dim && kv[1].dim == dim &&
+                    keys.size(3) == dim && heads % kv_heads == 0,
+                    "paged attention: query, key, value and pool head sizes disagree");
+    STD_TORCH_CHECK(kv[0].tokens >= num_tokens && kv[1].tokens >= num_tokens && token_offsets.size(0) == num_tokens &&
+                    qv.tokens >= rows && lengths.size(0) == rows && out.numel() == rows * heads * dim,
+                    "paged attention: token and row counts disagree");
     const int pool_bf16 = is_bf16(keys), out_bf16 = qv.bf16;
     void *pools[2] = {keys.data_ptr(), values.data_ptr()};
-    const int64_t *blocks_at = token_blocks.data_ptr<int64_t>(), *offsets_at = token_offsets.data_ptr<int64_t>();
+    const int64_t *blocks_at = ints(token_blocks), *offsets_at = ints(token_offsets);
     std::vector<float> q32(static_cast<size_t>(rows * heads * dim + 1));
     std::vector<float> out_buffer(out_bf16 ? static_cast<size_t>(rows * heads * dim + 1) : 0);
-    float *out32 = out_bf16 ? out_buffer.data() : out.data_ptr<float>();
-    const int threads = std::max(1, at::get_num_threads());
+    float *out32 = out_bf16 ? out_buffer.data() : static_cast<float *>(out.data_ptr());
+    const int threads = num_threads();
     const int64_t group = heads / kv_heads, parts = parts_for(rows, kv_heads, group, threads);
     const int64_t units = rows * kv_heads * parts, writes = num_tokens * kv_heads;
-    Job base{q32.data(), pools[0], pools[1], tables.data_ptr<int64_t>(), lengths.data_ptr<int64_t>(), firsts,
+    Job base{q32.data(), pools[0], pools[1], ints(tables), ints(lengths), firsts,
              window, out32, rows, heads, kv_heads, block, dim, tables.size(1), static_cast<float>(scale),
              pool_bf16, parts, 0, 0};
     void *out_data = out.data_ptr();
@@ -255,41 +275,37 @@ void write_and_attend(const View &qv, const View (&kv)[2], const at::Tensor &key
     }
 }
 
-at::Tensor write_decode(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                        const at::Tensor &keys, const at::Tensor &values, const at::Tensor &token_blocks,
-                        const at::Tensor &token_offsets, const at::Tensor &tables, const at::Tensor &lengths,
-                        const at::Tensor &firsts, double scale) {
+Tensor write_decode(const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &keys,
+                    const Tensor &values, const Tensor &token_blocks, const Tensor &token_offsets,
+                    const Tensor &tables, const Tensor &lengths, const Tensor &firsts, double scale) {
     check_index(firsts, "firsts", 1);
-    TORCH_CHECK(firsts.size(0) == tables.size(0), "paged attention: one first position per row");
+    STD_TORCH_CHECK(firsts.size(0) == tables.size(0), "paged attention: one first position per row");
     const View qv = view_of(query, "query"), kv[2] = {view_of(key, "key"), view_of(value, "value")};
-    at::Tensor out = at::empty({tables.size(0), qv.heads, qv.dim}, query.options());
-    write_and_attend(qv, kv, keys, values, token_blocks, token_offsets, tables, lengths, firsts.data_ptr<int64_t>(),
-                     0, scale, out);
+    Tensor out = torch::stable::new_empty(query, {tables.size(0), qv.heads, qv.dim});
+    write_and_attend(qv, kv, keys, values, token_blocks, token_offsets, tables, lengths, ints(firsts), 0, scale, out);
     return out;
 }
 
-at::Tensor decode(const at::Tensor &query, const at::Tensor &keys, const at::Tensor &values, const at::Tensor &tables,
-                  const at::Tensor &lengths, const at::Tensor &firsts, double scale) {
+Tensor decode(const Tensor &query, const Tensor &keys, const Tensor &values, const Tensor &tables,
+              const Tensor &lengths, const Tensor &firsts, double scale) {
     check_float(query, "query");
-    check_float(keys, "the key pool");
-    TORCH_CHECK(query.dim() == 3, "paged attention: query must be [rows, heads, dim]");
-    TORCH_CHECK(keys.dim() == 4 && keys.is_contiguous() && values.is_contiguous() && keys.sizes() == values.sizes() &&
-                keys.scalar_type() == values.scalar_type(),
-                "paged attention: the pools must be contiguous [blocks, kv_heads, block, dim] of one dtype");
+    check_pools(keys, values);
+    STD_TORCH_CHECK(query.dim() == 3, "paged attention: query must be [rows, heads, dim]");
     check_index(tables, "tables", 2);
     check_index(lengths, "lengths", 1);
     check_index(firsts, "firsts", 1);
     const int64_t rows = query.size(0), heads = query.size(1), dim = query.size(2), kv_heads = keys.size(1);
-    TORCH_CHECK(keys.size(3) == dim && heads % kv_heads == 0 && tables.size(0) == rows && lengths.size(0) == rows &&
-                firsts.size(0) == rows, "paged attention: query, pool and table sizes disagree");
-    const at::Tensor q = query.to(at::kFloat).contiguous();
-    at::Tensor out = at::empty({rows, heads, dim}, q.options());
-    const int64_t group = heads / kv_heads, parts = parts_for(rows, kv_heads, group, at::get_num_threads());
+    STD_TORCH_CHECK(keys.size(3) == dim && heads % kv_heads == 0 && tables.size(0) == rows &&
+                    lengths.size(0) == rows && firsts.size(0) == rows,
+                    "paged attention: query, pool and table sizes disagree");
+    const Tensor q = torch::stable::contiguous(torch::stable::to(query, ScalarType::Float));
+    Tensor out = torch::stable::new_empty(q, {rows, heads, dim});
+    const int64_t group = heads / kv_heads, parts = parts_for(rows, kv_heads, group, num_threads());
     const int64_t units = rows * kv_heads * parts;
-    const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), units)));
-    Job base{q.data_ptr<float>(), keys.data_ptr(), values.data_ptr(), tables.data_ptr<int64_t>(),
-             lengths.data_ptr<int64_t>(), firsts.data_ptr<int64_t>(), 0, out.data_ptr<float>(), rows, heads,
-             kv_heads, keys.size(2), dim, tables.size(1), static_cast<float>(scale), is_bf16(keys), parts, 0, 0};
+    const int threads = static_cast<int>(std::min<int64_t>(num_threads(), std::max<int64_t>(1, units)));
+    Job base{static_cast<const float *>(q.data_ptr()), keys.data_ptr(), values.data_ptr(), ints(tables), ints(lengths),
+             ints(firsts), 0, static_cast<float *>(out.data_ptr()), rows, heads, kv_heads, keys.size(2), dim,
+             tables.size(1), static_cast<float>(scale), is_bf16(keys), parts, 0, 0};
 #pragma omp parallel num_threads(threads)
     {
         int64_t t = omp_get_thread_num(), n = omp_get_num_threads();
@@ -298,27 +314,24 @@ at::Tensor decode(const at::Tensor &query, const at::Tensor &keys, const at::Ten
         j.end = units * (t + 1) / n;
         run(j);
     }
-    return out.to(query.scalar_type());
+    return torch::stable::to(out, query.scalar_type());
 }
 
 /* What a compiled one-token forward's layers read: published once a step by the runner's thread. */
 struct Step {
-    std::vector<at::Tensor> keys, values;  // the pool, one tensor a layer
-    at::Tensor token_blocks, token_offsets, tables, lengths;
+    std::vector<Tensor> keys, values;  // the pool, one tensor a layer
+    std::vector<Tensor> tensors;       // token_blocks, token_offsets, tables, lengths
     bool set = false;
 };
 
 thread_local Step step;
 
-void set_step(at::TensorList keys, at::TensorList values, const at::Tensor &token_blocks,
-              const at::Tensor &token_offsets, const at::Tensor &tables, const at::Tensor &lengths) {
-    TORCH_CHECK(keys.size() == values.size(), "paged attention: one key and one value pool a layer");
-    step.keys.assign(keys.begin(), keys.end());
-    step.values.assign(values.begin(), values.end());
-    step.token_blocks = token_blocks;
-    step.token_offsets = token_offsets;
-    step.tables = tables;
-    step.lengths = lengths;
+void set_step(std::vector<Tensor> keys, std::vector<Tensor> values, Tensor token_blocks, Tensor token_offsets,
+              Tensor tables, Tensor lengths) {
+    STD_TORCH_CHECK(keys.size() == values.size(), "paged attention: one key and one value pool a layer");
+    step.keys = std::move(keys);
+    step.values = std::move(values);
+    step.tensors = {std::move(token_blocks), std::move(token_offsets), std::move(tables), std::move(lengths)};
     step.set = true;
 }
 
@@ -326,27 +339,30 @@ void clear_step() { step = Step(); }
 
 /* query [1, heads, tokens, dim], key/value [1, kv_heads, tokens, dim] (the model's strided views) ->
    [1, rows, heads, dim]: the layer's K/V written, its decode rows attended (window <= 0: none). */
-at::Tensor step_attention(const at::Tensor &query, const at::Tensor &key, const at::Tensor &value,
-                          const at::Tensor &layer, double scale, int64_t window) {
-    TORCH_CHECK(step.set, "paged attention: step_attention called with no step published (set_step)");
-    TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
-                "paged attention: step_attention takes [1, heads, tokens, dim] tensors");
-    TORCH_CHECK(layer.scalar_type() == at::kLong && layer.numel() == 1 && layer.device().is_cpu(),
-                "paged attention: layer must be one int64 CPU value");
-    const int64_t index = *layer.data_ptr<int64_t>();
-    TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(step.keys.size()), "paged attention: no layer ", index);
-    TORCH_CHECK(step.tables.size(0) == step.token_blocks.size(0),
-                "paged attention: step_attention serves steps of decode rows only");
+Tensor step_attention(const Tensor &query, const Tensor &key, const Tensor &value, const Tensor &layer, double scale,
+                      int64_t window) {
+    STD_TORCH_CHECK(step.set, "paged attention: step_attention called with no step published (set_step)");
+    STD_TORCH_CHECK(query.dim() == 4 && key.dim() == 4 && value.dim() == 4,
+                    "paged attention: step_attention takes [1, heads, tokens, dim] tensors");
+    STD_TORCH_CHECK(layer.scalar_type() == ScalarType::Long && layer.numel() == 1 && layer.is_cpu(),
+                    "paged attention: layer must be one int64 CPU value");
+    const int64_t index = *ints(layer);
+    STD_TORCH_CHECK(index >= 0 && index < static_cast<int64_t>(step.keys.size()), "paged attention: no layer ",
+                    index);
+    const Tensor &token_blocks = step.tensors[0], &token_offsets = step.tensors[1], &tables = step.tensors[2],
+                 &lengths = step.tensors[3];
+    STD_TORCH_CHECK(tables.size(0) == token_blocks.size(0),
+                    "paged attention: step_attention serves steps of decode rows only");
     const View qv = view_of(query, "query"), kv[2] = {view_of(key, "key"), view_of(value, "value")};
-    at::Tensor out = at::empty({1, step.tables.size(0), qv.heads, qv.dim}, query.options());
-    write_and_attend(qv, kv, step.keys[index], step.values[index], step.token_blocks, step.token_offsets, step.tables,
-                     step.lengths, nullptr, window > 0 ? window : 0, scale, out);
+    Tensor out = torch::stable::new_empty(query, {1, tables.size(0), qv.heads, qv.dim});
+    write_and_attend(qv, kv, step.keys[index], step.values[index], token_blocks, token_offsets, tables, lengths,
+                     nullptr, window > 0 ? window : 0, scale, out);
     return out;
 }
 
 }  // namespace
 
-TORCH_LIBRARY(decoda_paged, m) {
+STABLE_TORCH_LIBRARY(decoda_paged, m) {
     m.def("write_decode(Tensor query, Tensor key, Tensor value, Tensor(a!) keys, Tensor(b!) values, "
           "Tensor token_blocks, Tensor token_offsets, Tensor tables, Tensor lengths, Tensor firsts, float scale) "
           "-> Tensor");
@@ -356,9 +372,16 @@ TORCH_LIBRARY(decoda_paged, m) {
           "Tensor lengths) -> ()");
     m.def("clear_step() -> ()");
     m.def("step_attention(Tensor query, Tensor key, Tensor value, Tensor layer, float scale, int window) -> Tensor");
-    m.impl("write_decode", c10::DispatchKey::CPU, TORCH_FN(write_decode));
-    m.impl("decode", c10::DispatchKey::CPU, TORCH_FN(decode));
-    m.impl("set_step", c10::DispatchKey::CatchAll, TORCH_FN(set_step));
-    m.impl("clear_step", c10::DispatchKey::CatchAll, TORCH_FN(clear_step));
-    m.impl("step_attention", c10::DispatchKey::CPU, TORCH_FN(step_attention));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(decoda_paged, CPU, m) {
+    m.impl("write_decode", TORCH_BOX(&write_decode));
+    m.impl("decode", TORCH_BOX(&decode));
+    m.impl("step_attention", TORCH_BOX(&step_attention));
+}
+
+/* set_step and clear_step hold and drop references: no device work, so one kernel for any backend. */
+STABLE_TORCH_LIBRARY_IMPL(decoda_paged, CompositeExplicitAutograd, m) {
+    m.impl("set_step", TORCH_BOX(&set_step));
+    m.impl("clear_step", TORCH_BOX(&clear_step));
 }

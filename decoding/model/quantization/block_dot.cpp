@@ -10,9 +10,11 @@
    left is a scale per block: y[n] = sum_b d[n,b] * dx[b] * sum_i q[n,i] * qx[i] + m[n,b] * sx[b],
    with sx = dx[b] * sum_i qx[i], the block's rounded activations summed (Q8_1's s).
 
-   It is a PyTorch operator (TORCH_LIBRARY), not a ctypes function, so a compiled graph calls it
-   through the dispatcher (under a microsecond) rather than through Python. Threads are PyTorch's
-   own (at::parallel_for over output rows). Each output depends only on its own activation row,
+   It is a PyTorch operator (STABLE_TORCH_LIBRARY), not a ctypes function, so a compiled graph calls
+   it through the dispatcher rather than through Python. It is written against PyTorch's stable C
+   ABI (torch/csrc/stable), not ATen's C++ API, so it builds in ~5.5 s at a machine's first
+   start instead of ~10 (ATen's headers and unboxing templates were most of that). Threads are
+   PyTorch's own (its parallel_for over output rows). Each output depends only on its own activation row,
    so a row's result does not change with how many rows share the call.
 
    Weights, w = d * q + m per 32-column block (scales d and minimums m [N, K/32] in float16 or
@@ -22,12 +24,12 @@
    - 8 bits (codes up to 255: GGUF's Q5 and Q8 types; AVX-512 VNNI only, since AVX2's byte
      product saturates): per group of 4 blocks, columns 0..15 of each block (16 bytes a block), then
      columns 16..31, so a group loads as the same two halves the 4-bit codes split into. */
-#include <ATen/Parallel.h>
-#include <ATen/core/Tensor.h>
-#include <ATen/ops/empty.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
-#include <torch/library.h>
+#include <torch/csrc/stable/library.h>
+#include <torch/csrc/stable/ops.h>
+#include <torch/csrc/stable/tensor.h>
+#include <torch/headeronly/core/ScalarType.h>
+#include <torch/headeronly/util/BFloat16.h>
+#include <torch/headeronly/util/Half.h>
 
 #include <algorithm>
 #include <cmath>
@@ -47,6 +49,9 @@
 #endif
 
 namespace {
+
+using torch::stable::Tensor;
+using torch::headeronly::ScalarType;
 
 constexpr int64_t BLOCK = 32;  // columns sharing one scale, in the weights and the activations
 constexpr int64_t GROUP = 4;   // blocks a 64-byte load of packed codes covers
@@ -146,7 +151,7 @@ void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, flo
     }
 }
 
-Quantized quantize(const at::Tensor& x) {
+Quantized quantize(const Tensor& x) {
     Quantized q;
     q.rows = x.size(0);
     q.blocks = x.size(1) / BLOCK;
@@ -155,15 +160,17 @@ Quantized quantize(const at::Tensor& x) {
     q.lane_scale.resize(q.rows * q.groups * 16);
     q.lane_sum.resize(q.rows * q.groups * 16);
     const int64_t k = x.size(1);
-    at::parallel_for(0, q.rows, 4, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, q.rows, 4, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; r++) {
             int8_t* codes = q.codes.data() + r * q.groups * 128;
             float* lanes = q.lane_scale.data() + r * q.groups * 16;
             float* quarters = q.lane_sum.data() + r * q.groups * 16;
-            if (x.scalar_type() == at::kBFloat16)
-                quantize_row(x.data_ptr<c10::BFloat16>() + r * k, q.blocks, q.groups, codes, lanes, quarters);
+            if (x.scalar_type() == ScalarType::BFloat16)
+                quantize_row(static_cast<const c10::BFloat16*>(x.data_ptr()) + r * k, q.blocks, q.groups, codes,
+                             lanes, quarters);
             else
-                quantize_row(x.data_ptr<float>() + r * k, q.blocks, q.groups, codes, lanes, quarters);
+                quantize_row(static_cast<const float*>(x.data_ptr()) + r * k, q.blocks, q.groups, codes, lanes,
+                             quarters);
         }
     });
     return q;
@@ -356,7 +363,7 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
     const int64_t row_bytes = q.blocks * BITS * 4;
     // a thread's share is at least ~2048 block products (~10 us): fewer rows are not worth a wake-up
     const int64_t grain = std::max<int64_t>(WEIGHT_TILE, 2048 / std::max<int64_t>(q.blocks * q.rows, 1));
-    at::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
+    torch::stable::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
         float dots[4 * ROW_TILE];
         for (int64_t tile = begin; tile < end; tile += WEIGHT_TILE) {
             const int64_t tile_end = std::min(end, tile + WEIGHT_TILE);
@@ -383,62 +390,81 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
 }
 
 template <int BITS, typename T>
-void dispatch_scales(const Quantized& q, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                     T* out) {
-    const uint8_t* c = codes.data_ptr<uint8_t>();
-    if (scales.scalar_type() == at::kHalf)
-        multiply<BITS>(q, c, scales.data_ptr<c10::Half>(), mins.data_ptr<c10::Half>(), codes.size(0), out);
+void dispatch_scales(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, T* out) {
+    const uint8_t* c = static_cast<const uint8_t*>(codes.data_ptr());
+    if (scales.scalar_type() == ScalarType::Half)
+        multiply<BITS>(q, c, static_cast<const c10::Half*>(scales.data_ptr()),
+                       static_cast<const c10::Half*>(mins.data_ptr()), codes.size(0), out);
     else
-        multiply<BITS>(q, c, scales.data_ptr<float>(), mins.data_ptr<float>(), codes.size(0), out);
+        multiply<BITS>(q, c, static_cast<const float*>(scales.data_ptr()), static_cast<const float*>(mins.data_ptr()),
+                       codes.size(0), out);
 }
 
 template <typename T>
-void dispatch_bits(const Quantized& q, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                   int64_t bits, T* out) {
+void dispatch_bits(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
+                   T* out) {
 #if defined(BLOCK_AVX512_VNNI)
     if (bits == 8) return dispatch_scales<8>(q, codes, scales, mins, out);
 #endif
     dispatch_scales<4>(q, codes, scales, mins, out);
 }
 
-at::Tensor block_linear(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales, const at::Tensor& mins,
-                        int64_t bits) {
-    TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "block linear: x must be a contiguous [rows, in_features] matrix");
-    TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits) {
+    STD_TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "block linear: x must be a contiguous [rows, in_features] matrix");
+    STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float || x.scalar_type() == ScalarType::BFloat16,
                 "block linear: x must be float32 or bfloat16");
-    TORCH_CHECK(x.size(1) % BLOCK == 0, "block linear: in_features must be a multiple of 32");
-    TORCH_CHECK(bits == 4 || bits == 8, "block linear: codes are 4 or 8 bits");
+    STD_TORCH_CHECK(x.size(1) % BLOCK == 0, "block linear: in_features must be a multiple of 32");
+    STD_TORCH_CHECK(bits == 4 || bits == 8, "block linear: codes are 4 or 8 bits");
 #if !defined(BLOCK_AVX512_VNNI)
-    TORCH_CHECK(bits == 4, "block linear: 8-bit codes need AVX-512 VNNI");
+    STD_TORCH_CHECK(bits == 4, "block linear: 8-bit codes need AVX-512 VNNI");
 #endif
     const int64_t n_rows = codes.size(0), blocks = x.size(1) / BLOCK;
-    TORCH_CHECK(codes.scalar_type() == at::kByte && codes.is_contiguous() && codes.dim() == 2 &&
+    STD_TORCH_CHECK(codes.scalar_type() == ScalarType::Byte && codes.is_contiguous() && codes.dim() == 2 &&
                 codes.size(1) == blocks * bits * 4,
                 "block linear: codes must be contiguous uint8 [out_features, in_features * bits / 8]");
-    TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
-                (scales.scalar_type() == at::kHalf || scales.scalar_type() == at::kFloat),
+    STD_TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
+                (scales.scalar_type() == ScalarType::Half || scales.scalar_type() == ScalarType::Float),
                 "block linear: scales and mins must both be float16 or both float32");
-    TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
+    STD_TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
                 mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
                 "block linear: scales and mins must be contiguous [out_features, in_features / 32]");
-    at::Tensor out = at::empty({x.size(0), n_rows}, x.options());
+    Tensor out = torch::stable::new_empty(x, {x.size(0), n_rows});
     if (x.size(0) == 0 || n_rows == 0) return out;
     const Quantized q = quantize(x);
-    if (x.scalar_type() == at::kBFloat16)
-        dispatch_bits(q, codes, scales, mins, bits, out.data_ptr<c10::BFloat16>());
+    if (x.scalar_type() == ScalarType::BFloat16)
+        dispatch_bits(q, codes, scales, mins, bits, static_cast<c10::BFloat16*>(out.data_ptr()));
     else
-        dispatch_bits(q, codes, scales, mins, bits, out.data_ptr<float>());
+        dispatch_bits(q, codes, scales, mins, bits, static_cast<float*>(out.data_ptr()));
     return out;
 }
+
+/* What identifies a tensor's contents while it is held: where its data starts, its shape and its
+   dtype. A stable tensor handle is a new object each call, so identity is not comparable; holding
+   the tensor keeps its memory from being reused, so another tensor starting at the same address with
+   the same shape and dtype is a view of the same data. */
+struct Identity {
+    const void* data = nullptr;
+    std::vector<int64_t> sizes;
+    ScalarType dtype = ScalarType::Float;
+
+    explicit Identity(const Tensor& t) : data(t.data_ptr()), sizes(t.dim()), dtype(t.scalar_type()) {
+        for (int64_t d = 0; d < t.dim(); d++) sizes[d] = t.size(d);
+    }
+    Identity() = default;
+    bool operator==(const Identity& other) const {
+        return data == other.data && sizes == other.sizes && dtype == other.dtype;
+    }
+};
 
 /* The last fused product of this thread: sibling linears (q/k/v, gate/up) whose weights are one
    matrix, read once for all of them, meet here one after another with the same input. Holding the
    matrix's tensors keeps their memory from being reused by another matrix while remembered. */
 struct LastProduct {
-    at::Tensor codes, scales, mins, out;
+    std::vector<Tensor> matrix;  // codes, scales, mins: held
+    Identity codes, scales, mins, input;
     std::vector<char> x;  // the input's bytes
-    std::vector<int64_t> sizes;
-    at::ScalarType dtype = at::kFloat;
+    Tensor out;
+    bool set = false;
 };
 
 thread_local LastProduct last;
@@ -446,27 +472,30 @@ thread_local LastProduct last;
 /* Rows start..end-1 of the product x @ W.T with W the (fused) matrix: the whole product is computed
    when the input differs from the last call's (bytes compared) or the matrix does, else the last
    one is cut; the output is a fresh tensor either way. */
-at::Tensor block_linear_part(const at::Tensor& x, const at::Tensor& codes, const at::Tensor& scales,
-                             const at::Tensor& mins, int64_t bits, int64_t start, int64_t end) {
-    TORCH_CHECK(0 <= start && start < end && end <= codes.size(0), "block linear part: rows ", start, "..", end,
-                " outside the matrix's ", codes.size(0));
-    TORCH_CHECK(x.is_contiguous(), "block linear part: x must be contiguous");
-    const size_t bytes = x.nbytes();
+Tensor block_linear_part(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
+                         int64_t start, int64_t end) {
+    STD_TORCH_CHECK(0 <= start && start < end && end <= codes.size(0), "block linear part: rows ", start, "..", end,
+                    " outside the matrix's ", codes.size(0));
+    STD_TORCH_CHECK(x.is_contiguous(), "block linear part: x must be contiguous");
+    const size_t bytes = static_cast<size_t>(x.numel()) * x.element_size();
     const char* data = static_cast<const char*>(x.data_ptr());
-    const bool same = last.out.defined() && last.codes.is_same(codes) && last.scales.is_same(scales) &&
-                      last.mins.is_same(mins) && last.dtype == x.scalar_type() && last.sizes == x.sizes().vec() &&
-                      last.x.size() == bytes && std::memcmp(last.x.data(), data, bytes) == 0;
+    const Identity input(x);
+    const bool same = last.set && last.codes == Identity(codes) && last.scales == Identity(scales) &&
+                      last.mins == Identity(mins) && last.input.sizes == input.sizes &&
+                      last.input.dtype == input.dtype && last.x.size() == bytes &&
+                      std::memcmp(last.x.data(), data, bytes) == 0;
     if (!same) {
         last.out = block_linear(x, codes, scales, mins, bits);
-        last.codes = codes;
-        last.scales = scales;
-        last.mins = mins;
+        last.matrix = {codes, scales, mins};
+        last.codes = Identity(codes);
+        last.scales = Identity(scales);
+        last.mins = Identity(mins);
+        last.input = input;
         last.x.assign(data, data + bytes);
-        last.sizes = x.sizes().vec();
-        last.dtype = x.scalar_type();
+        last.set = true;
     }
     const int64_t rows = x.size(0), width = end - start, total = codes.size(0);
-    at::Tensor out = at::empty({rows, width}, x.options());
+    Tensor out = torch::stable::new_empty(x, {rows, width});
     const size_t item = out.element_size();
     const char* from = static_cast<const char*>(last.out.data_ptr());
     char* to = static_cast<char*>(out.data_ptr());
@@ -488,11 +517,18 @@ int64_t block_isa() {
 
 }  // namespace
 
-TORCH_LIBRARY(decoda_blocks, m) {
+STABLE_TORCH_LIBRARY(decoda_blocks, m) {
     m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits) -> Tensor");
     m.def("linear_part(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int start, int end) -> Tensor");
     m.def("isa() -> int");
-    m.impl("linear", c10::DispatchKey::CPU, TORCH_FN(block_linear));
-    m.impl("linear_part", c10::DispatchKey::CPU, TORCH_FN(block_linear_part));
-    m.impl("isa", c10::DispatchKey::CatchAll, TORCH_FN(block_isa));
+}
+
+STABLE_TORCH_LIBRARY_IMPL(decoda_blocks, CPU, m) {
+    m.impl("linear", TORCH_BOX(&block_linear));
+    m.impl("linear_part", TORCH_BOX(&block_linear_part));
+}
+
+/* isa takes no tensor: one kernel for any backend. */
+STABLE_TORCH_LIBRARY_IMPL(decoda_blocks, CompositeExplicitAutograd, m) {
+    m.impl("isa", TORCH_BOX(&block_isa));
 }

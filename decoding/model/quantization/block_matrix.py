@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
 
 import torch
@@ -42,6 +43,7 @@ AVX512_VNNI, AVX2 = "AVX-512 VNNI", "AVX2"
 ISA_NAMES = {2: AVX512_VNNI, 1: AVX2}
 
 _state: list[int | None] = []  # [isa level] once loaded, [None] when unavailable
+_loading = threading.Lock()  # the start-up builds it in the background (decoding.engine.prebuild)
 _LINEAR: list = []  # [torch.ops.decoda_blocks.linear.default] once loaded
 
 
@@ -148,7 +150,9 @@ def available() -> bool:
 def isa() -> str | None:
     """The instruction set the operator uses here (AVX-512 VNNI, AVX2), None when it is not used."""
     if not _state:
-        _state.append(_load())
+        with _loading:  # one build: a second thread waits for it
+            if not _state:
+                _state.append(_load())
     return ISA_NAMES.get(_state[0]) if _state[0] is not None else None
 
 

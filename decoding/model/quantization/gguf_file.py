@@ -6,8 +6,8 @@ architecture maps transformers' parameter names onto those (what transformers'
 architectures transformers also reorders rows on the way (llama.cpp permutes Llama's q/k rows for
 its RoPE layout; ``LlamaTensorProcessor`` undoes it). Those reorderings move whole output rows, and
 a GGUF block never spans rows, so the same permutation applies to the quantized rows as they are:
-it is found by running transformers' processor on row numbers. The file is read with the ``gguf``
-package (memory-mapped, nothing dequantized).
+it is found by running transformers' processor on row numbers. The file's tensor table is read by
+``gguf_index`` (memory-mapped, nothing dequantized), with the ``gguf`` package's names and types.
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFReader, ReaderTensor, get_tensor_name_map
+from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, get_tensor_name_map
 from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
 from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.gguf_blocks import FLOAT_TYPES, decode_blocks
+from decoding.model.quantization.gguf_index import GgufIndex, GgufTensor
 
 
 class GgufWeights:
@@ -29,15 +30,16 @@ class GgufWeights:
 
     def __init__(self, path: Path, model: torch.nn.Module) -> None:
         self.path = path
-        self.reader = GGUFReader(path)
-        field = self.reader.fields["general.architecture"]
-        architecture = bytes(field.parts[field.data[0]]).decode()
+        self.index = GgufIndex(path)
+        architecture = self.index.architecture
+        if architecture is None:
+            raise ValueError(f"{path}: the GGUF file names no general.architecture")
         config: dict[str, Any] = model.config.get_text_config().to_dict()
         self.processor: TensorProcessor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=config)
         # the attribute, not the dict: GPT-2's config stores it as ``n_layer``
         gguf_to_hf = _name_map(model, architecture, model.config.get_text_config().num_hidden_layers)
-        self.tensors: dict[str, ReaderTensor] = {
-            gguf_to_hf[t.name]: t for t in self.reader.tensors if t.name in gguf_to_hf
+        self.tensors: dict[str, GgufTensor] = {
+            gguf_to_hf[t.name]: t for t in self.index.tensors if t.name in gguf_to_hf
         }
 
     def rows_sample(self, num_rows: int) -> torch.Tensor:
@@ -81,7 +83,7 @@ class GgufWeights:
     def close(self) -> None:
         """Drop the memory map (its pages would otherwise count as resident)."""
         self.tensors.clear()
-        self.reader = None  # type: ignore[assignment]
+        self.index = None  # type: ignore[assignment]
 
 
 def _name_map(model: torch.nn.Module, architecture: str, num_layers: int) -> dict[str, str]:
