@@ -44,9 +44,14 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if app.state.engine is None:
-            from decoding.engine.launch import start_engine_client  # torch is imported only here
+            from decoding.engine.prebuild import start_builds  # torch is imported only here
 
-            app.state.engine = await asyncio.to_thread(start_engine_client, settings.engine_config(), metrics)
+            config = settings.engine_config()
+            # a first start's C++ builds that need only torch run while the engine's modules import
+            start_builds(device=config.device, block_kernel=False, compile=config.compile)
+            from decoding.engine.launch import start_engine_client
+
+            app.state.engine = await asyncio.to_thread(start_engine_client, config, metrics)
             logger.info("serving %s on http://%s:%d", app.state.engine.model_name, settings.host, settings.port)
         app.state.loop = asyncio.get_running_loop()
         try:

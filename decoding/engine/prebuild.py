@@ -13,6 +13,7 @@ decides anything, and a build that fails here fails (and is reported) as it woul
 
 from __future__ import annotations
 
+import importlib
 import logging
 import threading
 import time
@@ -24,18 +25,30 @@ import torch
 logger = logging.getLogger(__name__)
 
 
-def start_builds(*, device: str, quantization: str, compile: bool) -> Callable[[], None]:
-    """Begin the builds this start will need; returns the wait to call before the first compile."""
+def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[[], None]:
+    """Begin the builds this start will need; returns the wait to call before the first compile.
+
+    The modules each build needs are imported here, on the calling thread: two threads importing
+    the same modules at once can see one half-initialized (measured: transformers' lazy module).
+    The server begins the builds that need only torch before it imports the engine; the engine's
+    build calls this again with every build it needs, and a build already under way is waited
+    for, not repeated."""
     if torch.device(device).type != "cpu":
         return lambda: None
-    jobs: list[Callable[[], None]] = [_paged_attention]
-    if quantization in ("gguf", "int4"):
-        jobs.append(_block_operator)
+    from decoding.kv import paged_attention
+
+    jobs: list[Callable[[], object]] = [paged_attention.native_available]
+    if block_kernel:  # its module imports transformers: call this after the engine's imports
+        from decoding.model.quantization import block_matrix
+
+        jobs.append(block_matrix.isa)
     if compile:
+        for module in ("torch._inductor.compile_fx", "torch._inductor.cpu_vec_isa", "torch._inductor.codecache"):
+            importlib.import_module(module)
         jobs.append(_inductor)
     # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
     # operator and inductor's set-up one after the other (the compiler's processes share the cores)
-    threads = [threading.Thread(target=_run, args=(job,), name=f"prebuild{job.__name__}", daemon=True)
+    threads = [threading.Thread(target=_run, args=(job,), name=f"prebuild-{job.__name__}", daemon=True)
                for job in jobs]  # fmt: skip
     for thread in threads:
         thread.start()
@@ -47,7 +60,7 @@ def start_builds(*, device: str, quantization: str, compile: bool) -> Callable[[
     return wait
 
 
-def _run(job: Callable[[], None]) -> None:
+def _run(job: Callable[[], object]) -> None:
     start = time.perf_counter()
     try:
         job()
@@ -56,21 +69,20 @@ def _run(job: Callable[[], None]) -> None:
     logger.debug("background build %s: %.1f s", job.__name__, time.perf_counter() - start)
 
 
-def _paged_attention() -> None:
-    from decoding.kv.paged_attention import native_available
-
-    native_available()
-
-
-def _block_operator() -> None:
-    from decoding.model.quantization import block_matrix
-
-    block_matrix.isa()
+_inductor_ready: list[bool] = []
+_inductor_lock = threading.Lock()
 
 
 def _inductor() -> None:
     """Inductor's first-compile set-up: its vector-ISA probes (in parallel: each is a g++ run), then a
     one-line kernel, which builds the precompiled header and starts the compile workers."""
+    with _inductor_lock:
+        if not _inductor_ready:
+            _set_up_inductor()
+            _inductor_ready.append(True)
+
+
+def _set_up_inductor() -> None:
     from torch._inductor import cpu_vec_isa
 
     cpu_flags = set(cpu_vec_isa.x86_isa_checker())
