@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 import pytest
+import torch
 
 from decoding.engine import prebuild
 from decoding.kv import paged_attention
@@ -21,11 +22,12 @@ def test_the_builds_leave_the_operators_loaded() -> None:
 def test_inductor_set_up_runs_once_and_later_calls_wait_for_it() -> None:
     from torch._inductor import cpu_vec_isa
 
-    prebuild.start_builds(device="cpu", block_kernel=False, compile=True)()
+    prebuild.start_builds(device="cpu", block_kernel=False, compile=True)()  # not waited for
+    prebuild._inductor()  # waits for the one under way, then finds it done
     assert prebuild._inductor_ready == [True]
     assert cpu_vec_isa.valid_vec_isa_list()  # probed: the compile's own call finds the results
-    prebuild.start_builds(device="cpu", block_kernel=False, compile=True)()
-    assert prebuild._inductor_ready == [True]
+    compiled = torch.compile(lambda x: x * 3.0 + 1.0, backend="inductor")
+    assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 4.0))  # the compile uses what it set up
 
 
 def test_no_builds_off_the_cpu() -> None:

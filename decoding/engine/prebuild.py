@@ -26,32 +26,40 @@ logger = logging.getLogger(__name__)
 
 
 def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[[], None]:
-    """Begin the builds this start will need; returns the wait to call before the first compile.
+    """Begin the builds this start will need; returns the wait for the operators, to call before the
+    model's first forward. Inductor's set-up is not waited for: the compile's first steps (dynamo's
+    tracing, AOT) need none of it, and where inductor needs a probe result or the precompiled header
+    it takes the same file lock the set-up holds, so it waits there for what is being built.
 
     The modules each build needs are imported here, on the calling thread: two threads importing
     the same modules at once can see one half-initialized (measured: transformers' lazy module).
-    The server begins the builds that need only torch before it imports the engine; the engine's
-    build calls this again with every build it needs, and a build already under way is waited
-    for, not repeated."""
+    The server begins the builds before it imports the engine (their modules import torch alone);
+    the engine's build calls this again, and a build already under way is waited for, not
+    repeated."""
     if torch.device(device).type != "cpu":
         return lambda: None
     from decoding.kv import paged_attention
 
     jobs: list[Callable[[], object]] = [paged_attention.native_available]
-    if block_kernel:  # its module imports transformers: call this after the engine's imports
+    background: list[Callable[[], object]] = []
+    if block_kernel:
         from decoding.model.quantization import block_matrix
 
         jobs.append(block_matrix.isa)
     if compile:
-        for module in ("torch._inductor.compile_fx", "torch._inductor.cpu_vec_isa", "torch._inductor.codecache"):
+        for module in ("torch._inductor.compile_fx", "torch._inductor.cpu_vec_isa", "torch._inductor.async_compile"):
             importlib.import_module(module)
-        jobs.append(_inductor)
+        from torch._inductor.async_compile import AsyncCompile
+
+        AsyncCompile.warm_pool()  # here, once: a pool made by two threads at once would be two pools
+        background.append(_inductor)
     # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
     # operator and inductor's set-up one after the other (the compiler's processes share the cores)
     threads = [threading.Thread(target=_run, args=(job,), name=f"prebuild-{job.__name__}", daemon=True)
-               for job in jobs]  # fmt: skip
+               for job in jobs + background]  # fmt: skip
     for thread in threads:
         thread.start()
+    threads = threads[: len(jobs)]
 
     def wait() -> None:
         for thread in threads:
@@ -75,7 +83,7 @@ _inductor_lock = threading.Lock()
 
 def _inductor() -> None:
     """Inductor's first-compile set-up: its vector-ISA probes (in parallel: each is a g++ run), then a
-    one-line kernel, which builds the precompiled header and starts the compile workers."""
+    one-line kernel through inductor's own C++ path, which builds the precompiled header."""
     with _inductor_lock:
         if not _inductor_ready:
             _set_up_inductor()
@@ -84,13 +92,23 @@ def _inductor() -> None:
 
 def _set_up_inductor() -> None:
     from torch._inductor import cpu_vec_isa
+    from torch._inductor.async_compile import AsyncCompile
 
     cpu_flags = set(cpu_vec_isa.x86_isa_checker())
     candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
     with ThreadPoolExecutor(max(1, len(candidates))) as pool:
         list(pool.map(bool, candidates))  # cached per ISA: the compile's own probe finds the results
-    torch.compile(_scaled_sum, backend="inductor", dynamic=False)(torch.ones(64))
+    cpu_vec_isa.valid_vec_isa_list()
+    # a kernel as inductor writes them, through inductor's own path (not torch.compile, whose lock
+    # would hold the model's compile back): it builds the precompiled header the real kernels use
+    kernel = AsyncCompile().cpp_pybinding(["const float*", "float*", "const int64_t"], _KERNEL)
+    kernel.result()
 
 
-def _scaled_sum(x: torch.Tensor) -> torch.Tensor:
-    return (x * 2.0 + 1.0).sum()
+_KERNEL = r"""
+#include <torch/csrc/inductor/cpp_prefix.h>
+extern "C" void kernel(const float* in_ptr0, float* out_ptr0, const int64_t ks0)
+{
+    for (int64_t i = 0; i < ks0; i++) out_ptr0[i] = 2.0f * in_ptr0[i] + 1.0f;
+}
+"""
