@@ -49,9 +49,10 @@ def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[
     if compile:
         for module in ("torch._inductor.compile_fx", "torch._inductor.cpu_vec_isa", "torch._inductor.async_compile"):
             importlib.import_module(module)
-        from torch._inductor.async_compile import AsyncCompile
+        from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
-        AsyncCompile.warm_pool()  # here, once: a pool made by two threads at once would be two pools
+        if get_compile_threads() > 1:  # the threads that run g++ on its kernels: made here, once
+            AsyncCompile.pool()
         background.append(_inductor)
     # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
     # operator and inductor's set-up one after the other (the compiler's processes share the cores)
