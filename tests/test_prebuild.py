@@ -30,9 +30,10 @@ def test_inductor_set_up_runs_once_and_later_calls_wait_for_it() -> None:
     assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 4.0))  # the compile uses what it set up
 
 
-def test_no_builds_off_the_cpu() -> None:
-    wait = prebuild.start_builds(device="meta", block_kernel=True, compile=True)
-    assert wait() is None
+def test_no_builds_off_the_cpu_or_for_a_device_that_is_not_one() -> None:
+    for device in ("meta", "gpu"):  # "gpu" is the engine's to refuse, with its own message
+        wait = prebuild.start_builds(device=device, block_kernel=True, compile=True)
+        assert wait() is None
 
 
 def test_a_failing_build_is_left_for_the_load_to_report(monkeypatch: pytest.MonkeyPatch, caplog) -> None:

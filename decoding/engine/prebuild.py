@@ -36,7 +36,11 @@ def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[
     The server begins the builds before it imports the engine (their modules import torch alone);
     the engine's build calls this again, and a build already under way is waited for, not
     repeated."""
-    if torch.device(device).type != "cpu":
+    try:
+        on_cpu = torch.device(device).type == "cpu"
+    except RuntimeError:  # not a device: the engine's build says so, as it would without this
+        on_cpu = False
+    if not on_cpu:
         return lambda: None
     from decoding.kv import paged_attention
 
