@@ -48,8 +48,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
 
             config = settings.engine_config()
             # a first start's C++ builds run while the engine's modules import and its model loads
-            block_kernel = config.quantization in ("gguf", "int4")
-            start_builds(device=config.device, block_kernel=block_kernel, compile=config.compile)
+            start_builds(config)
             from decoding.engine.launch import start_engine_client
 
             app.state.engine = await asyncio.to_thread(start_engine_client, config, metrics)

@@ -118,8 +118,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     config = dataclasses.replace(config, dtype=dtype)  # assistants and reports see the concrete dtype
     device = torch.device(config.device)
     preflight(config.custom_generate, config.trust_remote_code)  # before the (slow) model load
-    block_kernel = config.quantization in ("gguf", "int4")
-    builds_done = start_builds(device=config.device, block_kernel=block_kernel, compile=config.compile)
+    builds_done = start_builds(config)
     loaded = load_model(
         config.model,
         dtype=config.dtype,

@@ -3,12 +3,13 @@
 A machine's first start with ``--quantization gguf --compile`` ran the C++ compiler for most of a
 minute, one build after another, each waiting for the one before: the paged-attention and block
 operators (built when the load first needs them), then inductor's one-time set-up at the first
-compile (a test program for each vector ISA the CPU reports, ~1 s of g++ each; the precompiled
-header of its kernels' prelude, ~4 s; the pool of compile workers). All of that is work in other
-processes, while loading the model is this process's Python, so begun together they overlap on a
-machine with two cores. Each build here is one the start makes anyway, and each is the same call
-behind the same lock, so whichever thread gets there first builds and the other waits: nothing here
-decides anything, and a build that fails here fails (and is reported) as it would have without it.
+compile (a test program for each vector ISA the CPU reports, ~1 s of g++ each, and the precompiled
+header of its kernels' prelude, ~5 s). All of that is work in other processes, while loading the
+model is this process's Python, so begun together they overlap on a machine with two cores. The
+operators are built by the same memoized call the load makes, behind a lock, so whichever thread
+gets there first builds and the other waits; inductor's set-up fills inductor's own caches, which
+its compile finds (or waits for, on the same file locks). Nothing here decides anything, and a build
+that fails here fails (and is reported) where it would have without it.
 """
 
 from __future__ import annotations
@@ -22,10 +23,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
+from decoding.config import EngineConfig
+
 logger = logging.getLogger(__name__)
 
+BLOCK_KERNEL_MODES = ("gguf", "int4")  # whose codes the block operator multiplies where it fits
 
-def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[[], None]:
+
+def start_builds(config: EngineConfig) -> Callable[[], None]:
     """Begin the builds this start will need; returns the wait for the operators, to call before the
     model's first forward. Inductor's set-up is not waited for: the compile's first steps (dynamo's
     tracing, AOT) need none of it, and where inductor needs a probe result or the precompiled header
@@ -37,40 +42,40 @@ def start_builds(*, device: str, block_kernel: bool, compile: bool) -> Callable[
     the engine's build calls this again, and a build already under way is waited for, not
     repeated."""
     try:
-        on_cpu = torch.device(device).type == "cpu"
+        on_cpu = torch.device(config.device).type == "cpu"
     except RuntimeError:  # not a device: the engine's build says so, as it would without this
         on_cpu = False
     if not on_cpu:
         return lambda: None
     from decoding.kv import paged_attention
 
-    jobs: list[Callable[[], object]] = [paged_attention.native_available]
-    background: list[Callable[[], object]] = []
-    if block_kernel:
+    operators: list[Callable[[], object]] = [paged_attention.native_available]
+    if config.quantization in BLOCK_KERNEL_MODES:
         from decoding.model.quantization import block_matrix
 
-        jobs.append(block_matrix.isa)
-    if compile:
-        for module in ("torch._inductor.compile_fx", "torch._inductor.cpu_vec_isa", "torch._inductor.async_compile"):
-            importlib.import_module(module)
+        operators.append(block_matrix.isa)
+    if config.compile:
+        importlib.import_module("torch._inductor.compile_fx")
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
         if get_compile_threads() > 1:  # the threads that run g++ on its kernels: made here, once
             AsyncCompile.pool()
-        background.append(_inductor)
+        _start(_inductor)
     # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
     # operator and inductor's set-up one after the other (the compiler's processes share the cores)
-    threads = [threading.Thread(target=_run, args=(job,), name=f"prebuild-{job.__name__}", daemon=True)
-               for job in jobs + background]  # fmt: skip
-    for thread in threads:
-        thread.start()
-    threads = threads[: len(jobs)]
+    threads = [_start(job) for job in operators]
 
     def wait() -> None:
         for thread in threads:
             thread.join()
 
     return wait
+
+
+def _start(job: Callable[[], object]) -> threading.Thread:
+    thread = threading.Thread(target=_run, args=(job,), name=f"prebuild-{job.__name__}", daemon=True)
+    thread.start()
+    return thread
 
 
 def _run(job: Callable[[], object]) -> None:
@@ -103,7 +108,6 @@ def _set_up_inductor() -> None:
     candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
     with ThreadPoolExecutor(max(1, len(candidates))) as pool:
         list(pool.map(bool, candidates))  # cached per ISA: the compile's own probe finds the results
-    cpu_vec_isa.valid_vec_isa_list()
     # a kernel as inductor writes them, through inductor's own path (not torch.compile, whose lock
     # would hold the model's compile back): it builds the precompiled header the real kernels use
     kernel = AsyncCompile().cpp_pybinding(["const float*", "float*", "const int64_t"], _KERNEL)

@@ -14,8 +14,8 @@
    it through the dispatcher rather than through Python. It is written against PyTorch's stable C
    ABI (torch/csrc/stable), not ATen's C++ API, so it builds in ~5.5 s at a machine's first
    start instead of ~10 (ATen's headers and unboxing templates were most of that). Threads are
-   PyTorch's own (its parallel_for over output rows). Each output depends only on its own activation row,
-   so a row's result does not change with how many rows share the call.
+   PyTorch's own (its parallel_for over output rows). Each output depends only on its own
+   activation row, so a row's result does not change with how many rows share the call.
 
    Weights, w = d * q + m per 32-column block (scales d and minimums m [N, K/32] in float16 or
    float32), as codes [N, K * bits / 8] uint8 in one of two layouts:
@@ -423,9 +423,10 @@ void dispatch_bits(const Quantized& q, const Tensor& codes, const Tensor& scales
 }
 
 Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits) {
-    STD_TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "block linear: x must be a contiguous [rows, in_features] matrix");
+    STD_TORCH_CHECK(x.dim() == 2 && x.is_contiguous(),
+                    "block linear: x must be a contiguous [rows, in_features] matrix");
     STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float || x.scalar_type() == ScalarType::BFloat16,
-                "block linear: x must be float32 or bfloat16");
+                    "block linear: x must be float32 or bfloat16");
     STD_TORCH_CHECK(x.size(1) % BLOCK == 0, "block linear: in_features must be a multiple of 32");
     STD_TORCH_CHECK(bits == 4 || bits == 8, "block linear: codes are 4 or 8 bits");
 #if !defined(BLOCK_AVX512_VNNI)
@@ -433,14 +434,14 @@ Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, 
 #endif
     const int64_t n_rows = codes.size(0), blocks = x.size(1) / BLOCK;
     STD_TORCH_CHECK(codes.scalar_type() == ScalarType::Byte && codes.is_contiguous() && codes.dim() == 2 &&
-                codes.size(1) == blocks * bits * 4,
-                "block linear: codes must be contiguous uint8 [out_features, in_features * bits / 8]");
+                    codes.size(1) == blocks * bits * 4,
+                    "block linear: codes must be contiguous uint8 [out_features, in_features * bits / 8]");
     STD_TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
-                (scales.scalar_type() == ScalarType::Half || scales.scalar_type() == ScalarType::Float),
-                "block linear: scales and mins must both be float16 or both float32");
+                    (scales.scalar_type() == ScalarType::Half || scales.scalar_type() == ScalarType::Float),
+                    "block linear: scales and mins must both be float16 or both float32");
     STD_TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
-                mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
-                "block linear: scales and mins must be contiguous [out_features, in_features / 32]");
+                    mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
+                    "block linear: scales and mins must be contiguous [out_features, in_features / 32]");
     Tensor out = empty_rows(x, x.size(0), n_rows);
     if (x.size(0) == 0 || n_rows == 0) return out;
     const Quantized q = quantize(x);
@@ -473,11 +474,10 @@ struct Identity {
    matrix, read once for all of them, meet here one after another with the same input. Holding the
    matrix's tensors keeps their memory from being reused by another matrix while remembered. */
 struct LastProduct {
-    std::vector<Tensor> matrix;  // codes, scales, mins: held
+    std::vector<Tensor> matrix;  // codes, scales, mins: held (empty until the first product)
     Identity codes, scales, mins, input;
     std::vector<char> x;  // the input's bytes
     Tensor out;
-    bool set = false;
 };
 
 thread_local LastProduct last;
@@ -493,7 +493,7 @@ Tensor block_linear_part(const Tensor& x, const Tensor& codes, const Tensor& sca
     const size_t bytes = static_cast<size_t>(x.numel()) * x.element_size();
     const char* data = static_cast<const char*>(x.data_ptr());
     const Identity input(x);
-    const bool same = last.set && last.codes == Identity(codes) && last.scales == Identity(scales) &&
+    const bool same = !last.matrix.empty() && last.codes == Identity(codes) && last.scales == Identity(scales) &&
                       last.mins == Identity(mins) && last.input.sizes == input.sizes &&
                       last.input.dtype == input.dtype && last.x.size() == bytes &&
                       std::memcmp(last.x.data(), data, bytes) == 0;
@@ -505,7 +505,6 @@ Tensor block_linear_part(const Tensor& x, const Tensor& codes, const Tensor& sca
         last.mins = Identity(mins);
         last.input = input;
         last.x.assign(data, data + bytes);
-        last.set = true;
     }
     const int64_t rows = x.size(0), width = end - start, total = codes.size(0);
     Tensor out = empty_rows(x, rows, width);
