@@ -20,13 +20,19 @@ def test_the_builds_leave_the_operators_loaded() -> None:
     assert paged_attention.native_available() == bool(paged_attention._loaded[0])
 
 
-def test_inductor_set_up_runs_once_and_later_calls_wait_for_it() -> None:
+def test_inductor_set_up_probes_the_isa_it_picks_and_builds_the_header_once() -> None:
     from torch._inductor import cpu_vec_isa
 
-    prebuild.start_builds(EngineConfig(compile=True))()  # not waited for
-    prebuild._inductor()  # waits for the one under way, then finds it done
-    assert prebuild._inductor_ready == [True]
-    assert cpu_vec_isa.valid_vec_isa_list()  # probed: the compile's own call finds the results
+    prebuild.start_builds(EngineConfig(compile=True))()  # waits for the ISA, not for the header
+    assert "isa" in prebuild._done
+    prebuild._inductor_header()  # waits for the one under way, then finds it done
+    assert prebuild._done == {"isa", "header"}
+    cpu_flags = set(cpu_vec_isa.x86_isa_checker())
+    reported = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
+    picked = cpu_vec_isa.pick_vec_isa()
+    if reported:  # inductor's rule: the first the CPU reports that passes its check
+        first_passing = next(isa for isa in reported if isa.check_build(cpu_vec_isa.VecISA._avx_code))
+        assert str(picked) == str(first_passing)
     compiled = torch.compile(lambda x: x * 3.0 + 1.0, backend="inductor")
     assert torch.equal(compiled(torch.ones(4)), torch.full((4,), 4.0))  # the compile uses what it set up
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -54,16 +54,17 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
         from decoding.model.quantization import block_matrix
 
         operators.append(block_matrix.isa)
-    if config.compile:
+    # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
+    # operator and inductor's set-up one after the other (the compiler's processes share the cores)
+    threads = [_start(job) for job in operators]
+    if config.compile:  # after the operators' g++ has begun: importing inductor takes ~2 s
         importlib.import_module("torch._inductor.compile_fx")
         from torch._inductor.async_compile import AsyncCompile, get_compile_threads
 
         if get_compile_threads() > 1:  # the threads that run g++ on its kernels: made here, once
             AsyncCompile.pool()
-        _start(_inductor)
-    # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
-    # operator and inductor's set-up one after the other (the compiler's processes share the cores)
-    threads = [_start(job) for job in operators]
+        threads.append(_start(_inductor_isa))
+        _start(_inductor_header)
 
     def wait() -> None:
         for thread in threads:
@@ -87,31 +88,52 @@ def _run(job: Callable[[], object]) -> None:
     logger.debug("background build %s: %.1f s", job.__name__, time.perf_counter() - start)
 
 
-_inductor_ready: list[bool] = []
-_inductor_lock = threading.Lock()
+_isa_lock = threading.Lock()
+_header_lock = threading.Lock()
+_done: set[str] = set()
 
 
-def _inductor() -> None:
-    """Inductor's first-compile set-up: its vector-ISA probes (in parallel: each is a g++ run), then a
-    one-line kernel through inductor's own C++ path, which builds the precompiled header."""
-    with _inductor_lock:
-        if not _inductor_ready:
-            _set_up_inductor()
-            _inductor_ready.append(True)
+def _inductor_isa() -> None:
+    """Settle the vector ISA inductor will compile its kernels for, probing only that one.
+
+    Inductor tests every ISA the CPU reports (AVX-512 with VNNI, AVX-512, AVX2 here: three builds
+    of ATen's vector headers, ~2 s of g++ each, and two small ones) and then uses the first that
+    passes. The first is tested here with inductor's own check (compiled and loaded as inductor
+    does); when it passes, the ones after it could never be used, so inductor is told the check is
+    done (``cpp.vec_isa_ok``) instead of building them. When it fails, or when ``ATEN_CPU_CAPABILITY``
+    asks for another ISA, or the user set ``TORCHINDUCTOR_VEC_ISA_OK``, inductor probes as it would."""
+    with _isa_lock:
+        if "isa" in _done:
+            return
+        from torch._inductor import config, cpu_vec_isa
+
+        cpu_flags = set(cpu_vec_isa.x86_isa_checker())
+        candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
+        if candidates and config.cpp.vec_isa_ok is None and not os.environ.get("ATEN_CPU_CAPABILITY"):
+            if bool(candidates[0]):
+                config.cpp.vec_isa_ok = True
+        cpu_vec_isa.valid_vec_isa_list()  # cached: the compile finds the list made
+        _done.add("isa")
 
 
-def _set_up_inductor() -> None:
-    from torch._inductor import cpu_vec_isa
-    from torch._inductor.async_compile import AsyncCompile
+def _inductor_header() -> None:
+    """Build the precompiled header of inductor's kernels, at the lowest CPU priority.
 
-    cpu_flags = set(cpu_vec_isa.x86_isa_checker())
-    candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
-    with ThreadPoolExecutor(max(1, len(candidates))) as pool:
-        list(pool.map(bool, candidates))  # cached per ISA: the compile's own probe finds the results
-    # a kernel as inductor writes them, through inductor's own path (not torch.compile, whose lock
-    # would hold the model's compile back): it builds the precompiled header the real kernels use
-    kernel = AsyncCompile().cpp_pybinding(["const float*", "float*", "const int64_t"], _KERNEL)
-    kernel.result()
+    The header (~5 s of g++) is needed only when the first graph's kernels are compiled, seconds
+    after the load; at full priority it took the cores from the imports, the load and the operators
+    the load waits for. A thread's nice value applies to it alone on Linux and is inherited by the
+    processes it starts, so this g++ runs on what the rest leaves idle (dynamo's tracing keeps one
+    core busy, not two). The kernel is one as inductor writes them, built through inductor's own
+    path, which makes the header the real kernels then use."""
+    with _header_lock:
+        if "header" in _done:
+            return
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        _inductor_isa()  # the header is built for the ISA the kernels use
+        from torch._inductor.codecache import CppPythonBindingsCodeCache
+
+        CppPythonBindingsCodeCache.load_pybinding(["const float*", "float*", "const int64_t"], _KERNEL)
+        _done.add("header")
 
 
 _KERNEL = r"""

@@ -63,7 +63,7 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
         number_attention(layer)
         kind = type(layer)
         if kind not in regions:  # one region per layer class: its layers share the traced subgraph
-            regions[kind] = torch.compiler.nested_compile_region(kind.forward, max_reuse_entries=max(8, len(layers)))
+            regions[kind] = _flat_region(kind, max_reuse_entries=max(8, len(layers)))
         layer.forward = types.MethodType(regions[kind], layer)
     if backend == "inductor":
         _int4_kernel_as_a_plain_call()
@@ -92,6 +92,54 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
     model.forward = forward
     setattr(model, COMPILED_MARK, True)
     return len(layers)
+
+
+_LEAF_TYPES = (torch.Tensor, type(None), bool, int, float, str)
+
+
+def _flat_region(kind: type, max_reuse_entries: int) -> Callable:
+    """``kind.forward`` as a nested region that dynamo finds by a flat list of leaves.
+
+    Before reusing a traced layer, dynamo fingerprints the call's inputs; keyword arguments or a
+    tuple among them (every transformers decoder passes ``position_embeddings=(cos, sin)`` by
+    keyword) send it through a traced ``pytree.tree_flatten``, ~36 ms a layer: a third of the
+    tracing. Positional leaves (tensors, constants, the module) take its fast path. So the layer's
+    keyword arguments, with tuples opened one level, travel flattened, each name and length a
+    constant beside its values, and the region puts them back together before calling the layer.
+    Anything else (a cache object, a nested structure) is passed as it came, the slow way."""
+
+    def rebuild(layer: torch.nn.Module, num_args: int, *flat: object) -> object:
+        args, rest, kwargs = flat[:num_args], flat[num_args:], {}
+        i = 0
+        while i < len(rest):
+            name, length = rest[i], rest[i + 1]
+            if length < 0:
+                kwargs[name] = rest[i + 2]
+                i += 3
+            else:
+                kwargs[name] = tuple(rest[i + 2 : i + 2 + length])
+                i += 2 + length
+        return kind.forward(layer, *args, **kwargs)
+
+    # a code object of its own per layer class: dynamo keeps a region's traced layers by its code
+    rebuild.__code__ = rebuild.__code__.replace(co_name=f"{kind.__name__}_region")
+    flat_region = torch.compiler.nested_compile_region(rebuild, max_reuse_entries=max_reuse_entries)
+    keyword_region = torch.compiler.nested_compile_region(kind.forward, max_reuse_entries=max_reuse_entries)
+
+    def forward(layer: torch.nn.Module, *args: object, **kwargs: object) -> object:
+        flat: list[object] = [len(args), *args]
+        if not all(isinstance(arg, _LEAF_TYPES) for arg in args):
+            return keyword_region(layer, *args, **kwargs)
+        for name, value in kwargs.items():
+            if isinstance(value, _LEAF_TYPES):
+                flat += [name, -1, value]
+            elif isinstance(value, tuple) and all(isinstance(item, _LEAF_TYPES) for item in value):
+                flat += [name, len(value), *value]
+            else:
+                return keyword_region(layer, *args, **kwargs)
+        return flat_region(layer, *flat)
+
+    return forward
 
 
 def number_attention(layer: torch.nn.Module) -> None:
