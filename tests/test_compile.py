@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import random
+import types
 
 import pytest
 import torch
@@ -125,3 +126,52 @@ def test_a_custom_method_runs_its_own_forwards_beside_compiled_layers(smollm2_to
     harness.add("look", prompt_ids, GenerationParams(max_new_tokens=8, custom_generate="lookahead"))
     harness.run()
     assert harness.token_ids("look") == expected
+
+
+class _Block(torch.nn.Module):
+    """A layer called the way transformers calls its decoder layers: keyword arguments, a tuple among them."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.randn(8, generator=torch.Generator().manual_seed(seed)))
+
+    def forward(self, hidden, *, pair=None, flag=False, extra=None):  # noqa: ANN001, ANN201
+        cos, sin = pair
+        out = hidden * self.scale * cos + sin
+        if flag:
+            out = out + 1.0
+        if extra is not None:
+            out = out * extra["gain"]
+        return out
+
+
+@pytest.mark.parametrize("extra", [None, {"gain": 2.0}], ids=["flat", "keywords"])
+def test_layers_with_keyword_arguments_share_one_subgraph(extra, default_stance) -> None:
+    """Keyword arguments and tuples reach the nested region flattened (dynamo's fast path); what cannot
+    be flattened (a dict) goes the keyword way. Either way the layers share one traced subgraph."""
+    from decoding.model.compile import _flat_region
+
+    layers = torch.nn.ModuleList(_Block(seed) for seed in range(3))
+    region = _flat_region(_Block, max_reuse_entries=8)
+    for layer in layers:
+        layer.forward = types.MethodType(region, layer)
+
+    def run(hidden: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        for layer in layers:
+            hidden = layer(hidden, pair=(cos, sin), flag=True, extra=extra)
+        return hidden
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def counting_backend(graph: torch.fx.GraphModule, example_inputs: list) -> object:  # noqa: ARG001
+        graphs.append(graph)
+        return graph.forward
+
+    torch._dynamo.reset()
+    inputs = (torch.randn(2, 8), torch.randn(8), torch.randn(8))
+    expected = run(*inputs)
+    assert torch.allclose(torch.compile(run, backend=counting_backend, fullgraph=True)(*inputs), expected)
+    assert len(graphs) == 1
+    # one subgraph, called again for the later layers (dynamo inlines this toy's first call)
+    calls = layer_subgraphs(graphs[0])
+    assert len(calls) >= 2 and len(set(calls)) == 1, calls
