@@ -8,8 +8,9 @@ header of its kernels' prelude, ~5 s). All of that is work in other processes, w
 model is this process's Python, so begun together they overlap on a machine with two cores. The
 operators are built by the same memoized call the load makes, behind a lock, so whichever thread
 gets there first builds and the other waits; inductor's set-up fills inductor's own caches, which
-its compile finds (or waits for, on the same file locks). Nothing here decides anything, and a build
-that fails here fails (and is reported) where it would have without it.
+its compile finds (or waits for, on the same file locks). Nothing here decides anything a start
+without it would not (inductor's ISA is the one its own rule picks), and a build that fails here
+fails (and is reported) where it would have without it.
 """
 
 from __future__ import annotations
@@ -31,10 +32,10 @@ BLOCK_KERNEL_MODES = ("gguf", "int4")  # whose codes the block operator multipli
 
 
 def start_builds(config: EngineConfig) -> Callable[[], None]:
-    """Begin the builds this start will need; returns the wait for the operators, to call before the
-    model's first forward. Inductor's set-up is not waited for: the compile's first steps (dynamo's
-    tracing, AOT) need none of it, and where inductor needs a probe result or the precompiled header
-    it takes the same file lock the set-up holds, so it waits there for what is being built.
+    """Begin the builds this start will need; returns the wait for the operators and inductor's ISA,
+    to call before the model's first forward. Inductor's precompiled header is not waited for: the
+    compile's first steps (dynamo's tracing, AOT) need none of it, and where inductor needs it, it
+    takes the same file lock the build holds, so it waits there for what is being built.
 
     The modules each build needs are imported here, on the calling thread: two threads importing
     the same modules at once can see one half-initialized (measured: transformers' lazy module).
