@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -129,7 +130,8 @@ def _inductor_header() -> None:
     with _header_lock:
         if "header" in _done:
             return
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        if sys.platform == "linux":  # elsewhere a thread's id is no process priority's target
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         _inductor_isa()  # the header is built for the ISA the kernels use
         from torch._inductor.codecache import CppPythonBindingsCodeCache
 
