@@ -111,9 +111,9 @@ def _inductor_isa() -> None:
 
         cpu_flags = set(cpu_vec_isa.x86_isa_checker())
         candidates = [isa for isa in cpu_vec_isa.supported_vec_isa_list if set(str(isa).split()) <= cpu_flags]
-        if candidates and config.cpp.vec_isa_ok is None and not os.environ.get("ATEN_CPU_CAPABILITY"):
-            if bool(candidates[0]):
-                config.cpp.vec_isa_ok = True
+        unasked = config.cpp.vec_isa_ok is None and not os.environ.get("ATEN_CPU_CAPABILITY")
+        if candidates and unasked and bool(candidates[0]):  # inductor's own check of the ISA it picks
+            config.cpp.vec_isa_ok = True
         cpu_vec_isa.valid_vec_isa_list()  # cached: the compile finds the list made
         _done.add("isa")
 

@@ -127,9 +127,9 @@ def _flat_region(kind: type, max_reuse_entries: int) -> Callable:
     keyword_region = torch.compiler.nested_compile_region(kind.forward, max_reuse_entries=max_reuse_entries)
 
     def forward(layer: torch.nn.Module, *args: object, **kwargs: object) -> object:
-        flat: list[object] = [len(args), *args]
         if not all(isinstance(arg, _LEAF_TYPES) for arg in args):
             return keyword_region(layer, *args, **kwargs)
+        flat: list[object] = [len(args), *args]
         for name, value in kwargs.items():
             if isinstance(value, _LEAF_TYPES):
                 flat += [name, -1, value]
