@@ -1,7 +1,7 @@
 """What the engine tells the outside world about its work, as plain method calls.
 
 The engine knows when a request waited, produced its first token, emitted each token and
-finished; how those become Prometheus series is the HTTP layer's business (``server/metrics.py``
+finished; how those become Prometheus series is the HTTP layer's business (``server/http/metrics.py``
 implements this interface). Keeping it an interface lets decoding/ stay free of the exporter.
 Called from the worker thread; implementations must be thread-safe and cheap.
 """

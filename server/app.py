@@ -16,23 +16,21 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from decoding import EngineClient
 from decoding.params.watermarking import WatermarkingConfig
-from server.access_log import AccessLog
-from server.auth import ProtectPaths, key_digests, protected_paths
-from server.custom_routes import custom_router
-from server.errors import install_error_handlers
-from server.limits import RequestLimits
-from server.metrics import Metrics
-from server.openapi import install_openapi
+from server.api import APIS
+from server.api.openapi import install_openapi
+from server.config.settings import Settings
+from server.http.access_log import AccessLog
+from server.http.auth import ProtectPaths, key_digests, protected_paths
+from server.http.counting import CountResponses
+from server.http.errors import install_error_handlers
+from server.http.limits import RequestLimits
+from server.http.metrics import Metrics
+from server.output.streaming import close_remaining_streams, drain_streams_on_shutdown
 from server.playground import playground_router
-from server.presets import load_presets, presets_router
-from server.routes import api, router
-from server.settings import Settings
-from server.streaming import close_remaining_streams, drain_streams_on_shutdown
-from server.watermark_api import watermark_router
+from server.translate.presets import load_presets
 
 logger = logging.getLogger(__name__)
 
@@ -77,13 +75,10 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.drain = None
     drain_streams_on_shutdown()
     install_error_handlers(app)
-    app.include_router(router)
-    app.include_router(api)
     app.state.watermark = WatermarkingConfig.from_file(settings.watermark) if settings.watermark else None
-    app.include_router(watermark_router)
     app.state.presets = load_presets(settings.presets_dir)  # a bad preset file fails the start
-    app.include_router(presets_router())
-    app.include_router(custom_router)
+    for api in APIS:
+        app.include_router(api.router)
     install_openapi(app)
     if settings.playground:  # the page at / (server/static/); --no-playground serves the API only
         app.include_router(playground_router())
@@ -97,48 +92,6 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app
-
-
-class CountResponses:
-    """Pure ASGI middleware counting each response by route template and status
-    (``decoda_http_requests_total``). It only watches ``http.response.start`` and passes every
-    message straight on, so SSE streams are never buffered."""
-
-    def __init__(self, app: ASGIApp, metrics: Metrics, fastapi_app: FastAPI) -> None:
-        self.app = app
-        self.metrics = metrics
-        self.fastapi_app = fastapi_app
-        self.known_paths: frozenset[str] | None = None
-
-    def route_of(self, scope: Scope) -> str:
-        path = getattr(scope.get("route"), "path", None)  # set by FastAPI's router once a route matched
-        if path:
-            return path
-        # answered before routing (the /metrics guard's 401): a fixed path of the API's names itself;
-        # never any other raw path, so unknown URLs cannot grow the label set
-        if self.known_paths is None:
-            self.known_paths = frozenset(self.fastapi_app.openapi().get("paths", {}))
-        return scope["path"] if scope["path"] in self.known_paths else "unmatched"
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = False
-
-        async def counting_send(message: Message) -> None:
-            nonlocal started
-            if message["type"] == "http.response.start" and not started:
-                started = True
-                self.metrics.on_response(self.route_of(scope), message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, counting_send)
-        except Exception:
-            if not started:  # the outer error middleware answers 500 after us
-                self.metrics.on_response(self.route_of(scope), 500)
-            raise
 
 
 def start_drain(app: FastAPI) -> asyncio.Task | None:

@@ -9,8 +9,8 @@ import signal
 import sys
 from types import FrameType
 
-from server.access_log import configure_logging
-from server.config_sources import add_arguments, config_path, load_settings
+from server.config.sources import add_arguments, config_path, load_settings
+from server.http.access_log import configure_logging
 
 logger = logging.getLogger(__name__)
 
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
         port=settings.port,
         log_level=settings.log_level,
         log_config=None,  # uvicorn's records go to our root handler (text or JSON)
-        access_log=False,  # server.access_log writes one line per request, with its request id
+        access_log=False,  # server.http.access_log writes one line per request, with its request id
         # past the app's own deadline, so requests still running end with a 503, not a cut connection
         timeout_graceful_shutdown=math.ceil(settings.drain_timeout) + DRAIN_MARGIN,
     )

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 
 MODEL = "fake-model"
@@ -124,7 +124,7 @@ def test_models_health_ready_metrics():
             assert (await http.get("/ready")).status_code == 200
             metrics = await http.get("/metrics")
             assert metrics.headers["content-type"].startswith("text/plain")
-            from server.metrics import METRIC_DOCS
+            from server.http.metrics import METRIC_DOCS
 
             for name in METRIC_DOCS:  # every documented series is exported, in Prometheus text format
                 # prometheus-client names a counter's TYPE line with or without _total by version

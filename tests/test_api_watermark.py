@@ -14,7 +14,7 @@ from transformers import LlamaConfig, WatermarkDetector
 from transformers import WatermarkingConfig as HFWatermarkingConfig
 
 from decoding.params.watermarking import WatermarkingConfig
-from server.config_sources import load_settings
+from server.config.sources import load_settings
 from tests.fake_engine import WORDS, FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, post, run
 

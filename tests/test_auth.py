@@ -8,9 +8,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from server.auth import key_digests, token_matches
-from server.config_sources import add_arguments, load_settings
-from server.settings import Settings
+from server.config.settings import Settings
+from server.config.sources import add_arguments, load_settings
+from server.http.auth import key_digests, token_matches
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, run
 

@@ -20,7 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from decoding import GenerationParams, RequestOutput
 from decoding.telemetry import EngineObserver
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 
 ROOT = Path(__file__).resolve().parent.parent

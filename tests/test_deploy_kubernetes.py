@@ -4,7 +4,7 @@ Every resource kustomization.yaml lists, and the ConfigMap its configMapGenerato
 against the OpenAPI schemas kubernetes-validate ships (strict: unknown fields fail), offline and
 without kubectl. Then the properties the server relies on: probe paths, a grace period longer than
 the drain, non-root with a read-only root filesystem, the HPA's CPU and queue-depth metrics (a
-metric server/metrics.py really exports), the API key only referenced, selectors that match.
+metric server/http/metrics.py really exports), the API key only referenced, selectors that match.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 import yaml
 
 from server.cli import DRAIN_MARGIN
-from server.config_sources import env_name
-from server.settings import Settings
+from server.config.settings import Settings
+from server.config.sources import env_name
 
 ROOT = Path(__file__).resolve().parent.parent
 KUSTOMIZE = ROOT / "deploy" / "kubernetes"
@@ -113,7 +113,7 @@ def test_the_config_map_is_the_repository_config_and_the_server_reads_it():
 
 
 def test_the_pods_serve_the_config_maps_presets(tmp_path):
-    from server.presets import Presets
+    from server.translate.presets import Presets
 
     (config_map,) = [doc for doc in generated_configmaps() if doc["metadata"]["name"] == CONFIG_MAP]
     for name, text in config_map["data"].items():
@@ -210,7 +210,7 @@ def test_the_hpa_scales_the_deployment_on_cpu_and_queue_depth():
 
 
 def test_the_queue_metric_exists_and_prometheus_adapter_serves_it():
-    assert f'"{QUEUE_METRIC}"' in (ROOT / "server" / "metrics.py").read_text()
+    assert f'"{QUEUE_METRIC}"' in (ROOT / "server" / "http" / "metrics.py").read_text()
     (adapter,) = [doc for doc in rendered() if doc["kind"] == "ConfigMap" and "config.yaml" in doc.get("data", {})]
     rules = yaml.safe_load(adapter["data"]["config.yaml"])["rules"]
     (rule,) = [rule for rule in rules if rule["name"]["as"] == QUEUE_METRIC]

@@ -27,8 +27,19 @@ DECODING_LAYERS = (
     ("decoding.custom",),
     ("decoding.engine",),
 )
+# server/'s packages, lowest first, in the order a request's path reads through the front end: what every
+# route shares (http), engine output to the wire (output), settings (which know the output's tool
+# parsers), a body to GenerationParams (translate), the APIs and the page, then the app and the CLI
+SERVER_LAYERS = (
+    ("server.http",),
+    ("server.output",),
+    ("server.config",),
+    ("server.translate",),
+    ("server.api", "server.playground"),
+    ("server.app", "server.cli", "server"),
+)
 MAX_MODULE_LINES = 400
-MAX_TOP_LEVEL_MODULES = 8  # decoding/'s own modules besides __init__ and its sub-packages
+MAX_TOP_LEVEL_MODULES = 8  # decoding/'s (and server/'s) own modules besides __init__ and its sub-packages
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -112,13 +123,14 @@ def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
     return circles
 
 
-def layer_of(module: str) -> int:
-    for level, prefixes in enumerate(DECODING_LAYERS):
-        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes if prefix != "decoding"):
+def layer_of(module: str, layers: tuple[tuple[str, ...], ...] = DECODING_LAYERS) -> int:
+    root = module.split(".")[0]
+    for level, prefixes in enumerate(layers):
+        if any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes if prefix != root):
             return level
-        if module == "decoding" and "decoding" in prefixes:
+        if module == root and root in prefixes:
             return level
-    raise AssertionError(f"{module} is in no layer of DECODING_LAYERS: place it there")
+    raise AssertionError(f"{module} is in no layer of {root}'s layers: place it there")
 
 
 @pytest.mark.parametrize("path", sorted((ROOT / "server").rglob("*.py")), ids=lambda p: str(p.relative_to(ROOT)))
@@ -135,7 +147,7 @@ def test_the_public_engine_api_imports_without_torch():
     import subprocess
     import sys
 
-    code = "import sys, decoding, server.routes, server.settings; print('torch' in sys.modules)"
+    code = "import sys, decoding, server.app, server.config.settings; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -163,6 +175,18 @@ def test_decoding_packages_import_only_downwards():
     assert upward == []
 
 
+def test_server_packages_import_only_downwards():
+    modules = project_modules()
+    upward = [
+        f"{name} -> {target}"
+        for name, path in modules.items()
+        if name.startswith("server")
+        for target in import_edges(path, modules)
+        if target.startswith("server") and layer_of(target, SERVER_LAYERS) > layer_of(name, SERVER_LAYERS)
+    ]
+    assert upward == []
+
+
 def test_modules_stay_small_and_decoding_top_level_stays_short():
     too_long = {
         str(path.relative_to(ROOT)): n
@@ -170,8 +194,9 @@ def test_modules_stay_small_and_decoding_top_level_stays_short():
         if (n := len(path.read_text().splitlines())) > MAX_MODULE_LINES
     }
     assert too_long == {}
-    top_level = [p.name for p in (ROOT / "decoding").glob("*.py") if p.name != "__init__.py"]
-    assert len(top_level) <= MAX_TOP_LEVEL_MODULES, top_level
+    for package in PACKAGES:
+        top_level = [p.name for p in (ROOT / package).glob("*.py") if p.name != "__init__.py"]
+        assert len(top_level) <= MAX_TOP_LEVEL_MODULES, (package, top_level)
 
 
 def test_every_module_says_what_it_owns():

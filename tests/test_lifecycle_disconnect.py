@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.asgi_driver import stream_then_hang_up
 from tests.fake_engine import FakeEngineClient
 

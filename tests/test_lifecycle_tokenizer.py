@@ -10,7 +10,7 @@ import time
 import httpx
 
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.scripted_engine import WordTokenizer, scripted_client
 
 

@@ -12,7 +12,7 @@ import httpx
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.scripted_engine import ScriptedEngine, scripted_client, wait_for
 
 LONG = {"prompt": "hello world", "max_tokens": 50_000, "temperature": 0}

@@ -11,7 +11,7 @@ import uvicorn
 
 from loadtests.loadgen import RequestResult, build_parser, percentile, run_load, summarize
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 
 

@@ -10,7 +10,7 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, run
 

@@ -8,7 +8,7 @@ import pytest
 from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
 
 from decoding.params.model_defaults import HONOURED, IGNORED_REASONS, log_generation_defaults, split_generation_defaults
-from server.generation_fields import GenerationFields
+from server.translate.fields import GenerationFields
 from tests.test_loading import _tiny_tokenizer
 
 

@@ -28,7 +28,7 @@ import httpx
 import pytest
 
 from server.app import create_app
-from server.settings import Settings
+from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 from tests.test_e2e_openai import free_port, start_server, stop_server
 

@@ -13,13 +13,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from server.api.chat.protocol import ChatCompletionRequest
 from server.app import create_app
 from server.cli import build_parser
-from server.config_sources import load_settings
+from server.config.settings import Settings
+from server.config.sources import load_settings
 from server.playground import STATIC_DIR, static_files
-from server.schemas import ChatCompletionRequest
-from server.settings import Settings
-from server.watermark_protocol import WatermarkingConfigBody
+from server.translate.watermark import WatermarkingConfigBody
 from tests.fake_engine import FakeEngineClient
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -90,7 +90,7 @@ def test_no_playground_serves_the_api_only():
 
 
 def test_every_field_the_page_sends_is_one_the_api_accepts():
-    """knobs.js names each knob by its request field; a rename in server/schemas.py must not leave
+    """knobs.js names each knob by its request field; a rename in a server/api/*/protocol.py must not leave
     the page sending a field the server rejects as unknown."""
     knobs = (STATIC_DIR / "js" / "knobs.js").read_text()
     fields = knobs[knobs.index("export const FIELDS") : knobs.index("};\n")]
@@ -113,6 +113,6 @@ def test_every_field_the_page_sends_is_one_the_api_accepts():
 
 def test_the_package_ships_the_static_files():
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    globs = pyproject["tool"]["setuptools"]["package-data"]["server"]
+    globs = pyproject["tool"]["setuptools"]["package-data"]["server.playground"]
     for name in static_files():
         assert any(fnmatch.fnmatch(f"static/{name}", g) for g in globs), name

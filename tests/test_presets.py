@@ -14,8 +14,8 @@ import httpx
 import pytest
 
 from decoding.params import Strategy
-from server.presets import PresetError, Presets, bundled_presets, load_preset
-from server.settings import Settings
+from server.config.settings import Settings
+from server.translate.presets import PresetError, Presets, bundled_presets, load_preset
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, post, run
 
@@ -69,7 +69,7 @@ def test_transformers_reads_each_preset_and_resolves_the_same_mode(path):
 
 
 def _body(name: str):  # noqa: ANN202
-    from server.schemas import CompletionRequest
+    from server.api.completions.protocol import CompletionRequest
 
     return CompletionRequest(prompt="hi", generation_preset=name)
 

@@ -166,8 +166,8 @@ def test_every_strategy_runs_unchanged_in_one_batch(quantized_tiny, smollm2_toke
 
 
 def test_server_settings_accept_exactly_the_engine_modes():
-    from server.config_sources import load_settings
-    from server.settings import QUANTIZATION_MODES as SERVER_MODES
+    from server.config.settings import QUANTIZATION_MODES as SERVER_MODES
+    from server.config.sources import load_settings
 
     assert SERVER_MODES == QUANTIZATION_MODES
     assert load_settings(environ={"DECODA_QUANTIZATION": "gguf"}).engine_config().quantization == "gguf"

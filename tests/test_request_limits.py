@@ -10,7 +10,7 @@ import re
 import httpx
 import pytest
 
-from server.access_log import JsonFormatter
+from server.http.access_log import JsonFormatter
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, run
 from tests.test_auth import settings_from
@@ -152,22 +152,28 @@ def test_a_control_character_in_the_url_cannot_forge_a_log_line(caplog):
     assert entry["path"] == line.path and "\n" not in entry["message"]
 
 
-def test_a_text_too_long_for_any_tokenization_is_refused_before_the_tokenizer_runs():
+def counting_engine() -> FakeEngineClient:
+    """A fake engine with a 64-token context that counts its tokenizer and template runs."""
     from decoding import ModelFacts
 
     class Counting(FakeEngineClient):
         calls = 0
 
         async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
-            Counting.calls += 1
+            self.calls += 1
             return await super().tokenize(text, add_special_tokens)
 
         async def apply_chat_template(self, messages, tools=None):  # noqa: ANN001, ANN201
-            Counting.calls += 1
+            self.calls += 1
             return await super().apply_chat_template(messages, tools)
 
     engine = Counting()
     engine.facts = ModelFacts(vocab_size=100, max_model_len=64, num_layers=4, max_chars_per_token=4)
+    return engine
+
+
+def test_a_text_too_long_for_any_tokenization_is_refused_before_the_tokenizer_runs():
+    engine = counting_engine()
     long_text = "hello " * 50  # 300 characters: more than 64 tokens of at most 4 characters can spell
 
     async def go() -> list[httpx.Response]:
@@ -182,7 +188,35 @@ def test_a_text_too_long_for_any_tokenization_is_refused_before_the_tokenizer_ru
     for answer, param in ((completion, "prompt"), (chat, "messages")):
         assert answer.status_code == 400
         assert error_of(answer)["param"] == param and error_of(answer)["code"] == "context_length_exceeded"
-    assert fine.status_code == 200 and Counting.calls == 1  # only the request that fits was tokenized
+    assert fine.status_code == 200 and engine.calls == 1  # only the request that fits was tokenized
+
+
+def test_every_rendered_text_is_size_checked_before_any_template_or_tokenizer():
+    """Tool-call arguments, a message's name and a negative prompt are rendered or tokenized too: each
+    counts against the context before the template runs; a bad knob is refused before the template."""
+    engine = counting_engine()
+    long_text = "hello " * 50
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"x": "' + long_text + '"}'}}
+    ask = [{"role": "user", "content": "hi"}]
+
+    async def go() -> list[httpx.Response]:
+        async with client_for(engine) as http:
+            return [
+                await http.post("/v1/chat/completions", json={"messages": [
+                    *ask, {"role": "assistant", "content": None, "tool_calls": [call]}]}),
+                await http.post("/v1/chat/completions", json={"messages": [
+                    {"role": "user", "content": "hi", "name": long_text}]}),
+                await http.post("/v1/completions", json={**BODY, "negative_prompt": long_text,
+                                                          "guidance_scale": 1.5}),
+                await http.post("/v1/chat/completions", json={"messages": ask, "top_p": 7}),
+            ]  # fmt: skip
+
+    *too_long, bad_knob = run(go())
+    for answer, param in zip(too_long, ("messages", "messages", "negative_prompt"), strict=True):
+        assert answer.status_code == 400, answer.text
+        assert error_of(answer)["param"] == param and error_of(answer)["code"] == "context_length_exceeded"
+    assert bad_knob.status_code == 400 and error_of(bad_knob)["param"] == "top_p"
+    assert engine.calls == 0  # no template, no tokenizer ran for any of them
 
 
 def test_the_served_tokenizers_longest_token_bounds_the_text(smollm2_tokenizer):

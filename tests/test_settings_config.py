@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from server import config_sources as settings
 from server.cli import build_parser
-from server.config_sources import load_settings
+from server.config import sources as settings
+from server.config.sources import load_settings
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -88,8 +88,9 @@ def test_pip_install_ships_config_server_yaml(tmp_path):
     subprocess.run([*pip, "install", "--no-deps", "--target", str(target), str(wheel)], check=True)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = "import server.config_sources as s; x = s.load_settings(environ={}); print(s.__file__, x.max_queue, x.port)"
-    code += "; import server.presets as p; print(p.bundled_presets(), *p.load_presets(None).names())"  # [presets]
+    code = "import server.config.sources as s; x = s.load_settings(environ={}); print(s.__file__, x.max_queue, x.port)"
+    code += "; import server.translate.presets as p; print(p.bundled_presets(), *p.load_presets(None).names())"
+    # [presets]
     out = subprocess.run([sys.executable, "-c", code], cwd=elsewhere, env={"PYTHONPATH": str(target)},
                          capture_output=True, text=True, check=True)  # fmt: skip
     module_file, max_queue, port, presets_folder, *presets = out.stdout.split()

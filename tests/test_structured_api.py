@@ -6,7 +6,8 @@ import pytest
 from pydantic import ValidationError
 
 from decoding import ParameterError
-from server.schemas import ChatCompletionRequest, CompletionRequest
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.completions.protocol import CompletionRequest
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import client_for, run
 
@@ -14,7 +15,7 @@ MESSAGES = [{"role": "user", "content": "hi"}]
 
 
 def chat(**fields):
-    return ChatCompletionRequest(messages=MESSAGES, **fields).params({}, room=100).structured_output
+    return ChatCompletionRequest(messages=MESSAGES, **fields).params({}).structured_output
 
 
 def completion(**fields):

@@ -10,10 +10,11 @@ import pytest
 from decoding import ParameterError, RequestOutput, SequenceDelta
 from decoding.outputs import FinishReason
 from decoding.params.structured import StructuredOutput
-from server.responses import ChatFormat
-from server.schemas import ChatCompletionRequest
-from server.tool_parser import HermesStream, check_parser, parse_hermes
-from server.tools import Tool, call_grammar
+from server.api.chat.format import ChatFormat
+from server.api.chat.protocol import ChatCompletionRequest
+from server.output.collect import Collected
+from server.output.tool_parser import HermesStream, check_parser, parse_hermes
+from server.translate.tools import Tool, call_grammar
 
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"],
         "additionalProperties": False}
@@ -66,6 +67,29 @@ def test_chunks_are_what_openai_stream_helpers_assemble():
     assert chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_streamed_logprobs_equal_the_body_while_the_parser_holds_text_back():
+    """Tokens whose text the tool parser holds back keep their logprobs: they go out with the choice's
+    next chunk, so the stream carries every entry the body has, in order."""
+    from decoding import TokenLogprob
+
+    texts = ["Ok", ". ", "<tool", "_call>\n", CALL[len("<tool_call>\n"):-5], CALL[-5:]]
+    entries = [TokenLogprob(token_id=i, token=text, logprob=-0.1 * i) for i, text in enumerate(texts)]
+    streamed = ChatFormat("id", "m", 1, logprobs=True, tool_parser=HermesStream)
+    whole = ChatFormat("id", "m", 1, logprobs=True, tool_parser=HermesStream)
+    chunks, collected = [], Collected()
+    for i, (text, entry) in enumerate(zip(texts, entries, strict=True)):
+        last = i == len(texts) - 1
+        delta = SequenceDelta(index=0, text=text, token_ids=[i], logprobs=[entry],
+                              finish_reason=FinishReason.STOP if last else None)  # fmt: skip
+        output = RequestOutput("r", deltas=[delta])
+        chunks += streamed.chunks(0, output)
+        collected.add(output)
+    sent = [e["token"] for c in chunks if c["choices"][0]["logprobs"] for e in c["choices"][0]["logprobs"]["content"]]
+    body = whole.body([collected])["choices"][0]
+    assert sent == [e["token"] for e in body["logprobs"]["content"]] == texts
+    assert body["finish_reason"] == "tool_calls" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
 def test_request_checks_name_the_field():
     cases = [
         ({"tools": [WEATHER, WEATHER]}, "tools"),
@@ -77,7 +101,7 @@ def test_request_checks_name_the_field():
     for fields, param in cases:
         with pytest.raises(ParameterError) as error:
             body = request(**fields)
-            body.params({}, room=100)
+            body.params({})
             body.messages_or_error()
         assert error.value.param == param, fields
     with pytest.raises(ValueError, match="hermes"):
@@ -96,8 +120,8 @@ def test_tool_turns_reach_the_template_with_objects_for_arguments():
 
 
 def test_required_and_named_constrain_the_reply_and_none_offers_nothing():
-    assert request(tools=[WEATHER]).params({}, room=100).structured_output is None  # auto: the model decides
-    required = request(tools=[WEATHER, TIME], tool_choice="required").params({}, room=100)
+    assert request(tools=[WEATHER]).params({}).structured_output is None  # auto: the model decides
+    required = request(tools=[WEATHER, TIME], tool_choice="required").params({})
     assert required.structured_output.param == "tool_choice" and not required.skip_special_tokens
     assert request(tools=[WEATHER], tool_choice="none").template_tools() is None
 
@@ -126,7 +150,7 @@ def test_the_call_grammar_accepts_valid_calls_only(smollm2_tokenizer):
 
 
 def test_bad_template_or_parser_flags_stop_the_server_at_start(tmp_path):
-    from server.settings import Settings, shipped_tool_template
+    from server.config.settings import Settings, shipped_tool_template
 
     with pytest.raises(ValueError, match="tool-call-parser"):
         Settings(tool_call_parser="nope").check()

@@ -59,7 +59,7 @@ def test_temperature_zero_with_sampling_is_a_knob_error():
 def test_dead_code_is_gone_and_later_features_answer_clearly():
     assert not hasattr(params_module, "SUPPORTED_STRATEGIES") and not hasattr(params_module, "_STRATEGY_FIELD")
     assert "seed" not in {f.name for f in dataclasses.fields(EngineConfig)}
-    validate(GenerationParams(generation_preset="x"))  # [presets] a label: server/presets.py resolved it already
+    validate(GenerationParams(generation_preset="x"))  # [presets] a label: server/ resolved it already
     validate(GenerationParams(custom_generate="x"))  # [custom] a name: the server's registry checks it
     with pytest.raises(ParameterError) as err:
         check_against_model(GenerationParams(custom_generate="x"), ModelFacts(vocab_size=10, max_model_len=64), [[1]])

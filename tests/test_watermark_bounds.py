@@ -24,7 +24,7 @@ from decoding.sampling.watermark import (
     detect_watermark,
     fixed_table,
 )
-from server.watermark_api import _score_off_loop
+from server.api.watermark.route import _score_off_loop
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, run
 

@@ -1,9 +1,9 @@
 """The request's parameters and their one validation; torch-free, so the HTTP layer imports it.
 
-Read in import order: ``errors`` (ParameterError, Bounds) → ``watermarking`` (HF's
-WatermarkingConfig) → ``generation`` (GenerationParams, the strategy HF would pick) → ``bounds``
-(the ranges table /openapi.json states) → ``sizes`` (how long each list may be) → ``lengths`` (HF's
-total lengths as per-row limits) →
+Read in import order: ``errors`` (ParameterError, Bounds) → ``sizes`` (how long each list may be:
+the one table) → ``watermarking`` (HF's WatermarkingConfig) and ``structured`` (a constraint) →
+``generation`` (GenerationParams, the strategy HF would pick) → ``bounds`` (the ranges table
+/openapi.json states) → ``lengths`` (HF's total lengths as per-row limits) →
 ``knobs`` and ``custom_methods`` (checks of the newer knobs and of custom methods) → ``validate``
 (everything, once) → ``model_checks`` (what also depends on the served model) and
 ``model_defaults`` (a model's generation_config.json as request defaults).

@@ -97,7 +97,7 @@ class GenerationParams:
     negative_prompt_ids: list[int] | None = None  # the unconditional branch's prompt (default: prompt's last token)
     negative_prompt: str | None = None  # text the server tokenizes into negative_prompt_ids before submitting
     # --- custom decoding methods (issue 11) ---
-    # a request's extra fields, the method's keyword arguments (server/generation_fields.py collects them)
+    # a request's extra fields, the method's keyword arguments (server/translate/fields.py collects them)
     custom_generate_args: dict[str, object] | None = None
     # --- structured outputs (OpenAI response_format, vLLM structured_outputs) ---
     structured_output: StructuredOutput | None = None

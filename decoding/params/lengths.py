@@ -21,7 +21,8 @@ def forced_eos_ids(params: GenerationParams) -> list[int]:
 def new_token_limit(params: GenerationParams, prompt_len: int) -> int:
     """How many tokens a row may generate: ``max_length`` (HF's total, prompt included) when the
     request gave it instead of ``max_new_tokens``, else ``max_new_tokens``. HF's precedence:
-    ``max_new_tokens`` wins when both are given; ``server/`` drops ``max_length`` then."""
+    ``max_new_tokens`` wins when both are given (``server/translate/aliases.py``, the one table of
+    names and length precedence, drops ``max_length`` then)."""
     if params.max_length is None:
         return params.max_new_tokens
     return params.max_length - prompt_len

@@ -14,7 +14,7 @@ from typing import Any
 
 logger = logging.getLogger(__name__)
 
-# knobs that default per request exactly as HF reads them (server/translate.py maps them to fields)
+# knobs that default per request exactly as HF reads them (server/translate/params.py maps them to fields)
 HONOURED = frozenset({
     "do_sample", "temperature", "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff",
     "repetition_penalty", "no_repeat_ngram_size", "bad_words_ids", "suppress_tokens", "begin_suppress_tokens",

@@ -1,5 +1,5 @@
-"""How long each list-valued field may be: the table ``validate`` and the server enforce and
-``/openapi.json`` states.
+"""How long each list-valued field may be: the one table ``validate``, the structured-output check and
+the server's body check (``server/translate/sizes.py``) enforce and ``/openapi.json`` states.
 
 Without a limit, one valid request can hand the worker a list it walks for every row at every
 step (a 3 MB ``bad_words_ids`` with ``n: 64`` made every step seconds long for everyone). The
@@ -53,6 +53,10 @@ SIZE_LIMITS: dict[str, SizeLimit] = {
     "prompt": SizeLimit(128, items_unit="prompts"),  # a list of prompts: each is its own engine request
     "messages": SizeLimit(2048, items_unit="messages"),
     "tools": SizeLimit(128, items_unit="tools"),  # OpenAI's limit
+    # a structured output: its choices, and its schema, regex or grammar serialised (what one request may
+    # make the compiler read)
+    "choice": SizeLimit(1_000, items_unit="choices"),
+    "structured_output": SizeLimit(64_000, items_unit="characters serialised"),
 }
 
 

@@ -15,10 +15,9 @@ from functools import cached_property
 from typing import Any
 
 from decoding.params.errors import ParameterError
+from decoding.params.sizes import check_size
 
 KINDS = ("json", "regex", "choice", "grammar")
-MAX_SPEC_CHARS = 64_000  # a schema, regex or grammar, serialised: what one request may make the compiler read
-MAX_CHOICES = 1_000
 
 
 @dataclass(frozen=True)
@@ -46,13 +45,8 @@ class StructuredOutput:
             choices = self.value
             if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
                 raise ParameterError(f"{self.param}: choice must be a non-empty list of non-empty strings", self.param)
-            if len(choices) > MAX_CHOICES:
-                raise ParameterError(f"{self.param}: at most {MAX_CHOICES} choices, got {len(choices)}", self.param)
-        size = len(self.key)
-        if size > MAX_SPEC_CHARS:
-            raise ParameterError(
-                f"{self.param} is {size} characters serialised; at most {MAX_SPEC_CHARS} are accepted", self.param
-            )
+            check_size("choice", choices, self.param)
+        check_size("structured_output", self.key, self.param)
 
 
 def _type(value: object) -> str:

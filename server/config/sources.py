@@ -1,5 +1,5 @@
 """Where settings come from: command-line flag > ``DECODA_<NAME>`` environment variable > config file >
-built-in default, for every field of ``server.settings.Settings``; the only module that reads
+built-in default, for every field of ``server.config.settings.Settings``; the only module that reads
 environment variables.
 
 The config file is ``--config FILE`` or ``DECODA_CONFIG`` when given (then it must exist), else
@@ -19,10 +19,10 @@ from typing import Any
 
 import yaml
 
-from server.settings import Settings
+from server.config.settings import Settings
 
 CONFIG_NAME = "server.yaml"
-SOURCE_CONFIG = Path(__file__).resolve().parent.parent / "config" / CONFIG_NAME  # in a checkout
+SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "config" / CONFIG_NAME  # in a checkout
 PACKAGED_CONFIG = "server.defaults"  # config/ as installed package data (pyproject.toml)
 # flags given several times; comma-joined like env and yaml
 REPEATABLE = ("assistant_model", "api_key", "custom_generate")

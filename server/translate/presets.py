@@ -21,32 +21,25 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import Request
 from pydantic import ValidationError
 
 from decoding import ParameterError
-from server.auth import require_api_key
-from server.config_sources import SOURCE_CONFIG, packaged_config
-from server.generation_fields import GenerationFields
-from server.translate import is_greedy, sampling_only, to_params
+from server.config.sources import SOURCE_CONFIG, packaged_config
+from server.translate import aliases
+from server.translate.fields import GenerationFields
+from server.translate.params import is_greedy, sampling_only, to_params
 
 PRESETS_DIR = "presets"
 # transformers writes these into every GenerationConfig file; they are not knobs
 METADATA = ("transformers_version", "_from_model_config")
-# request fields that are not GenerationConfig knobs: OpenAI's names, serving switches, the prompt side
-NOT_IN_PRESETS = frozenset({
-    "model", "max_tokens", "n", "stop", "seed", "stream", "stream_options", "presence_penalty",
-    "frequency_penalty", "logit_bias", "user", "min_tokens", "assistant_model", "generation_preset",
-    "custom_generate", "stop_token_ids", "ignore_eos", "return_token_ids", "skip_special_tokens", "negative_prompt",
-    "negative_prompt_ids",
+# request fields that are not GenerationConfig knobs: serving switches, the prompt side; OpenAI's and
+# vLLM's other names for a knob are ``aliases.NOT_HF_NAMES``
+NOT_IN_PRESETS = aliases.NOT_HF_NAMES | frozenset({
+    "model", "stop", "seed", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
+    "user", "assistant_model", "generation_preset", "custom_generate", "stop_token_ids", "ignore_eos",
+    "return_token_ids", "skip_special_tokens", "negative_prompt", "negative_prompt_ids",
 })  # fmt: skip
-# a preset's HF field gives way to any of these names the request set
-ALIASES = {
-    "max_new_tokens": ("max_tokens", "max_new_tokens", "max_completion_tokens"),
-    "min_new_tokens": ("min_tokens", "min_new_tokens"),
-    "num_return_sequences": ("n", "num_return_sequences"),
-    "do_sample": ("do_sample", "temperature"),  # OpenAI's temperature decides sampling when the request sets it
-}
 
 Body = TypeVar("Body", bound=GenerationFields)
 
@@ -126,11 +119,10 @@ class Presets:
                 param="generation_preset",
                 code="preset_not_found",
             )
-        given = body.model_fields_set
         greedy = is_greedy(body)
         updates = {}
         for key, value in preset.fields.items():
-            if key in given or any(alias in given for alias in ALIASES.get(key, ())):
+            if aliases.preset_gives_way(body, key):
                 continue
             if greedy and sampling_only(key, preset.fields.get("penalty_alpha")):
                 continue  # the request asked for greedy decoding: the preset's sampling knobs do not apply
@@ -154,14 +146,3 @@ def load_presets(presets_dir: str | None) -> Presets:
 
 def presets_of(request: Request) -> Presets:
     return request.app.state.presets
-
-
-def presets_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(require_api_key)])
-
-    @router.get("/v1/presets")
-    async def list_presets(request: Request) -> dict[str, Any]:
-        """The named generation presets a request may pick with ``generation_preset``."""
-        return presets_of(request).listing()
-
-    return router

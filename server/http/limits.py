@@ -25,7 +25,7 @@ from collections import Counter
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from server.errors import APIError
+from server.http.errors import APIError
 
 API_PREFIX = "/v1/"
 RETRY_CONCURRENCY = "1"  # seconds: a slot frees as soon as one of the key's own requests ends

@@ -22,15 +22,16 @@ from fastapi import Request
 from sse_starlette.sse import AppStatus
 
 from decoding import RequestOutput
-from server.errors import from_exception, from_output
-from server.responses import Collected
+from server.http.errors import from_exception, from_output
+from server.output.collect import Collected
 
 DONE = "[DONE]"
 T = TypeVar("T")
 
 
 class ChunkFormat(Protocol):
-    """What ``sse_events`` needs from an endpoint's formatter (``server.responses``)."""
+    """What the output path needs from an API's formatter (``server.api.<name>.format``, over
+    ``server.output.envelope.Envelope``): stream events per engine output, a usage event, the body."""
 
     request_id: str
     include_usage: bool
@@ -38,6 +39,8 @@ class ChunkFormat(Protocol):
     def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]: ...
 
     def usage_chunk(self) -> dict: ...
+
+    def body(self, results: list[Collected]) -> dict: ...
 
 
 def drain_streams_on_shutdown() -> None:

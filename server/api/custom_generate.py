@@ -9,13 +9,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
-from server.auth import require_api_key
-from server.routes import engine_of
+from server.api.generation import engine_of
+from server.http.auth import require_api_key
 
-custom_router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter(dependencies=[Depends(require_api_key)])
 
 
-@custom_router.get("/v1/custom_generate", summary="List the registered custom decoding methods")
+@router.get("/v1/custom_generate", summary="List the registered custom decoding methods")
 async def list_custom_generate(request: Request) -> dict:
     methods = engine_of(request).facts.custom_methods
     return {"object": "list", "data": [method.as_json() for method in methods]}

@@ -14,33 +14,28 @@ from __future__ import annotations
 import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from decoding import ParameterError
 from decoding.params.structured import StructuredOutput
+from server.translate.strict import Strict
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object, as OpenAI's JSON mode
 
 
-class _Part(BaseModel):
-    """As every body part: unknown fields and loose types are 400s (aliases: ``schema``, ``json``)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
-
-
-class JsonSchemaFormat(_Part):
+class JsonSchemaFormat(Strict):
     name: str
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None  # OpenAI's: objects admit only the properties they name (closed_objects)
     description: str | None = None
 
 
-class ResponseFormat(_Part):
+class ResponseFormat(Strict):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
 
 
-class StructuredOutputs(_Part):
+class StructuredOutputs(Strict):
     json_: dict[str, Any] | str | None = Field(default=None, alias="json")
     regex: str | None = None
     choice: list[str] | None = None

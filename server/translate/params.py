@@ -1,15 +1,17 @@
-"""What a request body means: ``GenerationFields`` into ``decoding.GenerationParams``.
+"""What a request body means: ``GenerationFields`` into ``decoding.GenerationParams``, for every API.
 
-The body (``server.generation_fields``) holds what the client sent; this module owns OpenAI's
-meaning of it (temperature 0 is greedy, ``n``, ``stop``, ``logprobs``) and where each knob left out
-comes from: request > preset > the model's generation_config.json > server default (``Defaults``;
-a preset is already merged into the request by ``server.presets``). Names and JSON shapes of the
-GenerationConfig knobs are HF's, as ``GenerationConfig.to_json_string()`` writes them.
+The body (``server.translate.fields`` plus its API's own fields) holds what the client sent; this
+module owns OpenAI's meaning of it (temperature 0 is greedy, ``n``, ``stop``, ``logprobs``) and where
+each knob left out comes from: request > preset > the model's generation_config.json > server default
+(``Defaults``; a preset is already merged into the request by ``server.translate.presets``). Which
+names give one knob and which length wins is ``server.translate.aliases``' table. Names and JSON
+shapes of the GenerationConfig knobs are HF's, as ``GenerationConfig.to_json_string()`` writes them.
 
-``decoding.params.validate`` then checks every knob once, at the end of ``to_params``. What is
-checked here instead only makes sense on the request as sent: aliases that disagree
-(``n`` / ``num_return_sequences``…), a warper set on a greedy request (the params cannot tell it
-from a model default) and OpenAI's temperature range before 0 turns into greedy.
+The body's constraint and its tools are folded in here too (``_constraint``), so
+``decoding.params.validate`` checks the finished params exactly once, at the end of ``to_params``,
+before any template or tokenizer runs. What is checked here instead only makes sense on the request
+as sent: aliases that disagree, a warper set on a greedy request (the params cannot tell it from a
+model default) and OpenAI's temperature range before 0 turns into greedy.
 """
 
 from __future__ import annotations
@@ -20,8 +22,9 @@ from typing import Any
 from decoding import GenerationParams, ParameterError
 from decoding.params import BOUNDS, validate
 from decoding.params.model_defaults import HONOURED
-from server.generation_fields import GenerationFields
-from server.structured_fields import structured_output_of
+from decoding.params.structured import StructuredOutput
+from server.translate import aliases
+from server.translate.fields import GenerationFields
 
 # knobs a model's generation_config.json may default (request > model > server default); the keys it
 # sets that the server does not use are logged at load with the reason (decoding.model_defaults)
@@ -63,7 +66,8 @@ def to_params(
     do_sample = samples(body, defaults, temperature)
     if not do_sample:
         refuse_warpers(body)
-    check_aliases(body)
+    aliases.check_agreement(body)
+    constraint, tools = _constraint(body)
     params = GenerationParams(  # grouped in the order the values are worked out
         max_new_tokens=max_new_tokens(body, defaults, default_max_tokens),
         min_new_tokens=min_new_tokens(body, defaults),
@@ -74,12 +78,12 @@ def to_params(
         **_processor_arguments(defaults),
         **_beam_arguments(body, defaults),
         **_strategy_arguments(body),
-        **_output_arguments(body, logprobs, prompt_logprobs),
+        **_output_arguments(body, logprobs, prompt_logprobs, shows_special_tokens=tools),
         **_hf_knob_arguments(body, defaults),
         watermarking_config=body.watermarking_config.config() if body.watermarking_config else None,
         guidance_scale=body.guidance_scale,
         negative_prompt=body.negative_prompt,
-        structured_output=structured_output_of(body.response_format, body.structured_outputs),
+        structured_output=constraint,
         negative_prompt_ids=body.negative_prompt_ids,
         custom_generate_args=dict(body.custom_generate_args) or None,
     )
@@ -109,7 +113,7 @@ def samples(body: GenerationFields, defaults: Defaults, temperature: float) -> b
 
 def is_greedy(body: GenerationFields) -> bool:
     """Whether the request itself asks for greedy decoding (``do_sample: false``, else ``temperature: 0``),
-    before any default: a preset's sampling knobs give way to it (``server.presets``)."""
+    before any default: a preset's sampling knobs give way to it (``server.translate.presets``)."""
     if "do_sample" in body.model_fields_set:
         return body.do_sample is False
     return "temperature" in body.model_fields_set and body.temperature == 0
@@ -132,52 +136,69 @@ def refuse_warpers(body: GenerationFields) -> None:
             )
 
 
-def check_aliases(body: GenerationFields) -> None:
-    """Two names the request gives for one knob must agree: min tokens, then ``n``, then max tokens."""
-    if body.min_new_tokens is not None and body.min_tokens is not None and body.min_new_tokens != body.min_tokens:
-        raise ParameterError("min_new_tokens and min_tokens disagree; give one", param="min_tokens")
-    if body.num_return_sequences is not None and "n" in body.model_fields_set and body.n != body.num_return_sequences:
-        raise ParameterError(
-            f"n ({body.n}) and num_return_sequences ({body.num_return_sequences}) disagree; give one",
-            param="num_return_sequences",
-        )
-    given = {k: v for k, v in body.max_token_fields().items() if v is not None}
-    if len(set(given.values())) > 1:
-        names = " and ".join(given)
-        raise ParameterError(f"{names} disagree ({given}); give one", param=next(iter(given)))
-
-
 # ---- lengths -----------------------------------------------------------------------------------------
-# ``max_length`` and ``min_length`` count the prompt, as in HF. HF's precedence between the two ways of
-# giving a length is kept: a request's max_new_tokens (or OpenAI's max_tokens / max_completion_tokens)
-# wins over its max_length, its min_new_tokens (min_tokens) over its min_length; a length the request
-# gives beats one the model's file gives.
+# ``max_length`` and ``min_length`` count the prompt, as in HF; which name wins is ``aliases``' rule.
 def max_new_tokens(body: GenerationFields, defaults: Defaults, default_max_tokens: int) -> int | None:
-    """The request's own limit (its names agree: ``check_aliases``), else the model's, else the endpoint's."""
-    given = [v for v in body.max_token_fields().values() if v is not None]
-    return given[0] if given else defaults.model.get("max_new_tokens", default_max_tokens)
+    """The request's own limit (its names agree), else the model's, else the endpoint's."""
+    given = aliases.requested(body, "max_new_tokens")
+    return given if given is not None else defaults.model.get("max_new_tokens", default_max_tokens)
+
+
+def length_is_given(body: GenerationFields, model_defaults: dict[str, Any] | None) -> bool:
+    """Whether the request or the model sets the new-token limit (else the endpoint's default does)."""
+    return aliases.requested(body, "max_new_tokens") is not None or "max_new_tokens" in (model_defaults or {})
 
 
 def min_new_tokens(body: GenerationFields, defaults: Defaults) -> int:
     """The request's min_new_tokens (or vLLM's min_tokens); else none when it gives min_length; else the model's."""
-    if body.min_new_tokens is not None or body.min_tokens is not None:
-        return body.min_new_tokens if body.min_new_tokens is not None else body.min_tokens
+    given = aliases.requested(body, "min_new_tokens")
+    if given is not None:
+        return given
     return 0 if body.min_length is not None else int(defaults.resolve("min_new_tokens", 0) or 0)
 
 
 def max_length(body: GenerationFields) -> int | None:
     """Only the request's own max_length (the model's is not used: decoding.model_defaults says why)."""
-    gives_new = any(v is not None for v in body.max_token_fields().values())
-    return None if gives_new else body.max_length
+    return aliases.total_length(body, "max_new_tokens")
 
 
 def min_length(body: GenerationFields, defaults: Defaults) -> int:
-    if body.min_new_tokens is not None or body.min_tokens is not None:
+    if aliases.requested(body, "min_new_tokens") is not None:
         return 0  # HF: min_new_tokens wins over min_length
     if body.min_length is not None:
         return body.min_length
     # the model's file: the same rule
     return 0 if defaults.resolve("min_new_tokens", 0) else int(defaults.resolve("min_length", 0) or 0)
+
+
+def with_context_default(params: GenerationParams, room: int) -> GenerationParams:
+    """An endpoint whose default length is what the context leaves (chat, as OpenAI): known only once
+    the prompt is rendered, after ``to_params`` validated the rest; at least 1, so a prompt that fills
+    the context is then a context-length error naming the prompt's field."""
+    limit = max(1, room)
+    if params.max_length is None and params.min_new_tokens > limit:
+        raise ParameterError(f"min_tokens ({params.min_new_tokens}) must not exceed max_tokens ({limit}, what the "
+                             "context leaves after the prompt)", param="min_tokens")  # fmt: skip
+    return params.replace(max_new_tokens=limit)
+
+
+# ---- the body's constraint and tools -----------------------------------------------------------------
+def _constraint(body: GenerationFields) -> tuple[StructuredOutput | None, bool]:
+    """(the reply's one constraint, whether tools are offered): "required" or a named function
+    constrains the reply to calls, which no other constraint can be combined with."""
+    structured = body.structured_output()
+    tool_use = body.tool_use()
+    if tool_use is None:
+        return structured, False
+    tool_use.check()
+    grammar = tool_use.grammar()
+    if grammar is not None and structured is not None:
+        raise ParameterError(
+            f"tool_choice {tool_use.describe_choice()} constrains the reply to tool calls; it cannot be combined "
+            f"with {structured.param}",
+            param="tool_choice",
+        )
+    return grammar or structured, bool(tool_use.offered())
 
 
 # ---- the other fields, by family ---------------------------------------------------------------------
@@ -226,10 +247,15 @@ def _strategy_arguments(body: GenerationFields) -> dict[str, Any]:
     }
 
 
-def _output_arguments(body: GenerationFields, logprobs: int | None, prompt_logprobs: int | None) -> dict[str, Any]:
-    """OpenAI's fields: how many completions, where they stop, biases and penalties, what comes back."""
+def _output_arguments(
+    body: GenerationFields, logprobs: int | None, prompt_logprobs: int | None, shows_special_tokens: bool
+) -> dict[str, Any]:
+    """OpenAI's fields: how many completions, where they stop, biases and penalties, what comes back.
+    ``shows_special_tokens``: tools are offered, and a model whose call tags are special tokens must
+    still show them to the parser."""
+    n = aliases.requested(body, "num_return_sequences")
     return {
-        "n": body.n if body.num_return_sequences is None else body.num_return_sequences,  # HF's name for n
+        "n": body.n if n is None else n,
         "seed": body.seed,
         "stop": [body.stop] if isinstance(body.stop, str) else list(body.stop or []),
         "stop_token_ids": list(body.stop_token_ids or []),
@@ -238,7 +264,7 @@ def _output_arguments(body: GenerationFields, logprobs: int | None, prompt_logpr
         "frequency_penalty": body.frequency_penalty,
         "logprobs": logprobs,
         "prompt_logprobs": prompt_logprobs,
-        "skip_special_tokens": body.skip_special_tokens,
+        "skip_special_tokens": body.skip_special_tokens and not shows_special_tokens,
         "generation_preset": body.generation_preset,
         "custom_generate": body.custom_generate,
     }

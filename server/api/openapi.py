@@ -1,6 +1,6 @@
 """``/openapi.json`` as the server really behaves: ranges, the served names, every error status.
 
-FastAPI derives the request schemas from ``server.schemas`` but knows nothing of what
+FastAPI derives the request schemas from each API's ``protocol`` module but knows nothing of what
 ``decoding.params.validate`` and the model add: the bounds of each knob (``decoding.params.BOUNDS``,
 the same table ``validate`` enforces), token ids below the vocabulary size, ``max_tokens`` up to
 the context, ``n`` and ``num_beams`` up to what the batch holds, the model names this replica
@@ -22,6 +22,8 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import BaseModel
 
 from decoding.params import BOUNDS, MAX_N, SIZE_LIMITS
+from server.api import APIS
+from server.translate.aliases import ALIASES
 
 API_PREFIX = "/v1/"
 ERROR_STATUSES = {
@@ -33,23 +35,8 @@ ERROR_STATUSES = {
     "500": "A server bug; the message names the request id",
     "503": "The model is loading, the server is draining, or the engine stopped",
 }
-# which operations can answer which error: generation does everything, the model list no 400/404
-ERRORS_BY_PATH = {
-    "/v1/completions": ("400", "401", "404", "413", "429", "500", "503"),
-    "/v1/chat/completions": ("400", "401", "404", "413", "429", "500", "503"),
-    "/v1/models": ("401", "429", "500", "503"),
-    "/v1/presets": ("401", "429", "500"),  # loaded at start: answers while the model loads
-    "/v1/custom_generate": ("401", "429", "500", "503"),
-    "/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503"),
-}
-# aliases that share a bound with the API name BOUNDS uses
-BOUND_ALIASES = {
-    "max_new_tokens": "max_tokens",
-    "max_completion_tokens": "max_tokens",
-    "min_new_tokens": "min_tokens",
-    "num_return_sequences": "n",
-    "top_logprobs": "logprobs",
-}
+# names with a bound of their own beyond the alias table's rows
+OTHER_BOUND_NAMES = {"top_logprobs": "logprobs"}
 TOKEN_ID_LISTS = ("suppress_tokens", "stop_token_ids")
 CROSS_FIELD_RULES = (
     "Rules across fields are 400s naming the field: `n`/`num_return_sequences`, `max_tokens`/`max_new_tokens` "
@@ -109,11 +96,13 @@ def contract(app: FastAPI) -> dict[str, Any]:
         for method, operation in operations.items():
             _document_responses(app, path, method, operation)
     if engine is not None:
-        for name in ("CompletionRequest", "ChatCompletionRequest"):
-            if name in schemas:
-                _constrain_request(schemas[name], engine)
-        if "ChatCompletionRequest" in schemas:
-            _require(schemas["ChatCompletionRequest"], "messages")
+        for api in APIS:
+            for body in api.generation_bodies:
+                if body.__name__ in schemas:
+                    _constrain_request(schemas[body.__name__], engine)
+            for schema_name, field in api.required:
+                if schema_name in schemas:
+                    _require(schemas[schema_name], field)
     if getattr(app.state, "api_key_digests", None):
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, operations in schema["paths"].items():
@@ -123,6 +112,20 @@ def contract(app: FastAPI) -> dict[str, Any]:
     if engine is not None:
         app.openapi_schema = schema  # names and limits are the loaded model's from here on
     return schema
+
+
+def errors_by_path() -> dict[str, tuple[str, ...]]:
+    """Which error statuses each operation can answer, as each API registered them."""
+    return {path: statuses for api in APIS for path, statuses in api.errors.items()}
+
+
+def bound_name(name: str) -> str:
+    """The name ``BOUNDS`` keeps a field's range under: its alias row's API name (``max_new_tokens`` ->
+    ``max_tokens``), else its own."""
+    for names in ALIASES.values():
+        if name in names:
+            return next((n for n in names if n in BOUNDS), name)
+    return OTHER_BOUND_NAMES.get(name, name)
 
 
 # ---- responses ----------------------------------------------------------------------------------------
@@ -154,13 +157,13 @@ def _document_responses(app: FastAPI, path: str, method: str, operation: dict[st
                             "content": {"text/plain": {"schema": {"type": "string"}}}}  # fmt: skip
         if app.state.settings.protect_metrics:
             responses["401"] = _error(ERROR_STATUSES["401"], "401")
-    elif path in ERRORS_BY_PATH:
+    elif path in errors_by_path():
         if path.endswith("/completions"):  # the listings (models, custom_generate) are plain JSON
             ok = responses.setdefault("200", {"description": "Successful Response"})
             ok["description"] = "The completion; with `stream: true` server-sent events ending in `data: [DONE]`"
             ok.setdefault("content", {})["text/event-stream"] = {"schema": SSE_EVENT}
             operation["description"] = (operation.get("description") or "") + CROSS_FIELD_RULES
-        for status in ERRORS_BY_PATH[path]:
+        for status in errors_by_path()[path]:
             responses[status] = _error(ERROR_STATUSES[status], status)
     for response in responses.values():
         response.setdefault("headers", {}).update(request_id)
@@ -190,14 +193,15 @@ def _constrain_request(model_schema: dict[str, Any], engine: Any) -> None:
     facts = engine.facts
     token_id = {"type": "integer", "minimum": 0, "maximum": facts.vocab_size - 1}
     for name, prop in props.items():
-        bound = BOUNDS.get(BOUND_ALIASES.get(name, name))
+        bound = BOUNDS.get(bound_name(name))
         if bound is not None and name != "logit_bias":
             _constrain(prop, bound.json_schema())
-    for name in ("max_tokens", "max_new_tokens", "max_completion_tokens"):
+    for name in ALIASES["max_new_tokens"]:
         if name in props:
             _constrain(props[name], {"maximum": facts.max_model_len})
-    for name in ("n", "num_return_sequences"):  # every sequence is a row of the running batch
-        _constrain(props[name], {"maximum": min(MAX_N, facts.max_num_seqs)})
+    for name in ALIASES["num_return_sequences"]:  # every sequence is a row of the running batch
+        if name in props:
+            _constrain(props[name], {"maximum": min(MAX_N, facts.max_num_seqs)})
     _constrain(props["num_beams"], {"maximum": min(facts.max_num_beams, facts.max_num_seqs)})
     _constrain(props["num_beam_groups"], {"maximum": min(facts.max_num_beams, facts.max_num_seqs)})
     for branch in _branches(props["logit_bias"]):

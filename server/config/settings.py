@@ -1,7 +1,7 @@
 """Server settings: the one table of every setting, its type, default and help text.
 
 Each field is a flag, a ``DECODA_<NAME>`` environment variable and a key of config/server.yaml at
-once; ``server.config_sources`` reads those from this table, so the three can never drift apart.
+once; ``server.config.sources`` reads those from this table, so the three can never drift apart.
 What a value must satisfy beyond its type is checked once at start (``Settings.check``), and
 ``engine_config`` hands the engine its part.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
-from server.tool_parser import check_parser
+from server.output.tool_parser import check_parser
 
 # the tool-capable ChatML template shipped for models whose own template ignores tools (config/ in a
 # checkout; the package data server.defaults in an installed copy)
@@ -230,7 +230,7 @@ def shipped_tool_template() -> str | None:
     """Where the shipped tool template lies: the checkout's config/, else the installed package data."""
     import importlib.util
 
-    candidates = [Path(__file__).resolve().parent.parent / "config" / TOOL_TEMPLATE_NAME]
+    candidates = [Path(__file__).resolve().parents[2] / "config" / TOOL_TEMPLATE_NAME]
     spec = importlib.util.find_spec("server.defaults")
     if spec is not None and spec.submodule_search_locations:
         candidates.append(Path(next(iter(spec.submodule_search_locations))) / TOOL_TEMPLATE_NAME)

@@ -1,4 +1,4 @@
-"""The watermark's request bodies: ``watermarking_config`` (a generation field) and the detect body.
+"""``watermarking_config``, a generation field of every API, and the server's default (``--watermark``).
 
 ``watermarking_config`` takes transformers' ``WatermarkingConfig`` fields by their HF names. It is
 checked by ``decoding.params.watermarking`` before pydantic sees it, so an unknown key, a wrong type or
@@ -11,10 +11,11 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from fastapi import Request
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
 from decoding import GenerationParams
 from decoding.params.watermarking import WATERMARK_BOUNDS, WatermarkingConfig
+from server.translate.strict import Strict
 
 DEFAULTS = WatermarkingConfig()
 
@@ -23,10 +24,8 @@ def _bounded(name: str) -> Any:  # noqa: ANN401 - a pydantic FieldInfo
     return Field(getattr(DEFAULTS, name), json_schema_extra=WATERMARK_BOUNDS[name].json_schema())
 
 
-class WatermarkingConfigBody(BaseModel):
+class WatermarkingConfigBody(Strict):
     """transformers' ``WatermarkingConfig`` (Kirchenbauer et al. 2023), HF's defaults."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
 
     greenlist_ratio: float = _bounded("greenlist_ratio")
     bias: float = _bounded("bias")
@@ -44,20 +43,6 @@ class WatermarkingConfigBody(BaseModel):
 
     def config(self) -> WatermarkingConfig:
         return WatermarkingConfig(**self.model_dump())
-
-
-class WatermarkDetectRequest(BaseModel):
-    """``POST /v1/watermark/detect``: give ``token_ids`` (exact) or ``text`` (tokenized by the served
-    model's tokenizer, without special tokens); the config defaults to the server's ``--watermark``."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    model: str | None = None
-    token_ids: list[int] | None = None
-    text: str | None = None
-    watermarking_config: WatermarkingConfigBody | None = None
-    z_threshold: float = 3.0
-    ignore_repeated_ngrams: bool = False
 
 
 def server_watermark(request: Request) -> WatermarkingConfig | None:

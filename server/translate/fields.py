@@ -1,27 +1,28 @@
-"""The generation fields both OpenAI endpoints share: one strict pydantic table, OpenAI's names first.
+"""The generation fields every API's body shares: one strict pydantic table, OpenAI's names first.
 
-This is what a client may send, not what it means: ``server.translate`` turns it into
-``GenerationParams`` and ``server.schemas`` adds each endpoint's own fields. Presets
-(``server.presets``) are checked against this same table, so a preset file can only hold what a
-request could. Models forbid unknown fields (a typo like ``num_beam`` is a 400 naming it) and are
-strict about types; the one exception is a ``custom_generate`` request, whose other fields are the
-method's keyword arguments and are set aside for ``decoding`` to check against its signature.
+This is what a client may send, not what it means: ``server.translate.params`` turns it into
+``GenerationParams`` and each API's ``protocol`` module (``server.api.<name>.protocol``) adds its own
+fields and says which of its texts are rendered or tokenized (``rendered_texts``), which lists are
+bounded (``sized_lists``) and which tools it offers (``tool_use``), so the one translation and the
+one size check serve every API. Presets (``server.translate.presets``) are checked against this same
+table, so a preset file can only hold what a request could. Models forbid unknown fields (a typo like
+``num_beam`` is a 400 naming it) and are strict about types; the one exception is a
+``custom_generate`` request, whose other fields are the method's keyword arguments and are set aside
+for ``decoding`` to check against its signature.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sized
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import ModelWrapValidatorHandler, PrivateAttr, model_validator
 
-from server.structured_fields import ResponseFormat, StructuredOutputs
-from server.watermark_protocol import WatermarkingConfigBody
-
-
-class Strict(BaseModel):
-    """A request body part: unknown fields and loose types are 400s."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
+from decoding.params.structured import StructuredOutput
+from server.translate.strict import Strict
+from server.translate.structured import ResponseFormat, StructuredOutputs, structured_output_of
+from server.translate.tools import ToolUse
+from server.translate.watermark import WatermarkingConfigBody
 
 
 class StreamOptions(Strict):
@@ -96,7 +97,7 @@ class GenerationFields(Strict):
     guidance_scale: float | None = None
     negative_prompt: str | None = None
     negative_prompt_ids: list[int] | None = None
-    # structured outputs: OpenAI's response_format, vLLM's structured_outputs (server.structured_fields)
+    # structured outputs: OpenAI's response_format, vLLM's structured_outputs (server.translate.structured)
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputs | None = None
     # with custom_generate, the body's other fields are the method's keyword arguments (checked against
@@ -121,10 +122,24 @@ class GenerationFields(Strict):
         """The body's fields beyond this table when it names a ``custom_generate`` method (else empty)."""
         return self._custom_generate_args
 
-    def max_token_fields(self) -> dict[str, int | None]:
-        """The fields that each give the new-token limit, as sent (None: not sent); they must agree."""
-        return {"max_tokens": self.max_tokens, "max_new_tokens": self.max_new_tokens}
-
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    # ---- what each API's body adds (its protocol module overrides these) -----------------------------
+    def rendered_texts(self) -> dict[str, list[str]]:
+        """Every text the server will render or tokenize, by the field an error names: each one is
+        checked against the context before any template or tokenizer runs (``server.translate.sizes``)."""
+        return {"negative_prompt": [self.negative_prompt]} if self.negative_prompt is not None else {}
+
+    def sized_lists(self) -> dict[str, Sized | None]:
+        """The body's own lists with an entry in ``SIZE_LIMITS`` (the knobs' lists are the params')."""
+        return {}
+
+    def tool_use(self) -> ToolUse | None:
+        """The tools this body offers the model, in OpenAI's function shape (None: it offers none)."""
+        return None
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The one shape the body constrains its reply to (None: free text)."""
+        return structured_output_of(self.response_format, self.structured_outputs)

@@ -17,7 +17,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import FileResponse
 
-from server.errors import APIError
+from server.http.errors import APIError
 
 STATIC_DIR = Path(__file__).resolve().parent / "static"
 MEDIA_TYPES = {

@@ -17,7 +17,7 @@ import hmac
 from fastapi import Request
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from server.errors import APIError
+from server.http.errors import APIError
 
 METRICS_PATH = "/metrics"
 DOCS_PATHS = frozenset({"/docs", "/docs/oauth2-redirect", "/redoc", "/openapi.json"})

@@ -8,7 +8,7 @@ instead of taking every core from generation; the text's size is checked before 
 runs and the ids are at most the context long; a client that leaves stops its scoring. The
 config defaults to the server's ``--watermark``,
 which also watermarks every generation request that names none
-(``server.watermark_protocol.with_server_watermark``).
+(``server.translate.watermark.with_server_watermark``).
 """
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from functools import partial
 from fastapi import APIRouter, Depends, Request
 
 from decoding import ParameterError
-from server.auth import require_api_key
-from server.routes import engine_of, served_model
-from server.streaming import until_disconnect
-from server.watermark_protocol import WatermarkDetectRequest, server_watermark
+from server.api.generation import engine_of, served_model
+from server.api.watermark.protocol import WatermarkDetectRequest
+from server.http.auth import require_api_key
+from server.output.streaming import until_disconnect
+from server.translate.watermark import server_watermark
 
-watermark_router = APIRouter(dependencies=[Depends(require_api_key)])
+router = APIRouter(dependencies=[Depends(require_api_key)])
 _SCORER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-watermark")
 
 
-@watermark_router.post("/v1/watermark/detect")
+@router.post("/v1/watermark/detect")
 async def detect(body: WatermarkDetectRequest, request: Request) -> dict:
     client = engine_of(request)
     served_model(client, body.model)
@@ -76,6 +77,3 @@ async def _score_off_loop(score: partial) -> object:
         return await asyncio.get_running_loop().run_in_executor(_SCORER, partial(score, cancelled=stop.is_set))
     finally:
         stop.set()
-
-
-__all__ = ["watermark_router"]

@@ -1,0 +1,46 @@
+"""Every API this server speaks, registered in one place: its router, the errors its operations
+answer (``/openapi.json``), and the generation bodies whose knobs the contract constrains.
+
+An API is a folder (``completions/``, ``chat/``, ``watermark/``) holding its ``protocol`` (the request
+body: its own fields over ``server.translate.fields``), its ``format`` (engine output to its JSON and
+stream events over ``server.output.envelope``) and its ``route`` (the handler, which walks the shared
+path of ``server.api.generation``); the small listings (``models``, ``presets``, ``custom_generate``)
+and the probes (``health``) are one module each. Adding an API is one folder and one entry below;
+no other API's module changes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter
+
+from server.api import custom_generate, health, models, presets
+from server.api.chat import protocol as chat_protocol
+from server.api.chat import route as chat_route
+from server.api.completions import protocol as completions_protocol
+from server.api.completions import route as completions_route
+from server.api.watermark import route as watermark_route
+
+GENERATION_ERRORS = ("400", "401", "404", "413", "429", "500", "503")
+
+
+@dataclass(frozen=True)
+class Api:
+    router: APIRouter
+    errors: dict[str, tuple[str, ...]] = field(default_factory=dict)  # path -> error statuses it answers
+    generation_bodies: tuple[type, ...] = ()  # request models whose knobs /openapi.json bounds
+    required: tuple[tuple[str, str], ...] = ()  # (schema, field) required beyond what the model says
+
+
+APIS: tuple[Api, ...] = (
+    Api(health.router),
+    Api(models.router, {"/v1/models": ("401", "429", "500", "503")}),
+    Api(completions_route.router, {"/v1/completions": GENERATION_ERRORS},
+        (completions_protocol.CompletionRequest,)),
+    Api(chat_route.router, {"/v1/chat/completions": GENERATION_ERRORS},
+        (chat_protocol.ChatCompletionRequest,), (("ChatCompletionRequest", "messages"),)),
+    Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),
+    Api(presets.router, {"/v1/presets": ("401", "429", "500")}),  # loaded at start: answers while the model loads
+    Api(custom_generate.router, {"/v1/custom_generate": ("401", "429", "500", "503")}),
+)  # fmt: skip

@@ -1,0 +1,128 @@
+"""``/v1/chat/completions`` output: per choice a role chunk, content chunks, tool-call chunks, a finish chunk.
+
+A streamed choice is a ``ChoiceStream``, which owns everything one choice carries from delta to
+delta: whether its role chunk went out, its tool-call parser (which may hold text back), the
+logprobs of tokens whose text is held back (they go out with the next chunk of that choice, so a
+stream carries every entry the body does), the calls sent so far and the finish. ``ChatFormat``
+only wraps each choice's pieces in chunk envelopes.
+"""
+
+from __future__ import annotations
+
+from decoding import RequestOutput, SequenceDelta, TokenLogprob
+from server.output.collect import ChoiceState, Collected
+from server.output.envelope import Envelope
+from server.output.logprobs import chat_logprobs
+from server.output.tool_parser import ToolCall, parse_whole
+
+
+class ChoiceStream:
+    """One chat choice as it streams; ``pieces`` turns one engine delta into the choice objects to send."""
+
+    def __init__(self, index: int, tool_parser: type | None, return_token_ids: bool) -> None:
+        self.index = index
+        self.parser = tool_parser() if tool_parser is not None else None
+        self.return_token_ids = return_token_ids
+        self.started = False
+        self.num_calls = 0
+        self.held_logprobs: list[TokenLogprob] | None = None  # entries whose text the parser still holds
+
+    def pieces(self, delta: SequenceDelta) -> list[dict]:
+        pieces = [] if self.started else [self._piece({"role": "assistant", "content": ""})]
+        self.started = True
+        if delta.logprobs is not None:
+            self.held_logprobs = (self.held_logprobs or []) + list(delta.logprobs)
+        text, calls = self._parse(delta)
+        if text or (delta.token_ids and (self.parser is None or self.return_token_ids)):
+            content: dict = {"content": text}
+            if self.return_token_ids:
+                content["token_ids"] = delta.token_ids
+            pieces.append(self._piece(content))
+        pieces.extend(self._call_pieces(calls))
+        if delta.finish_reason is not None:
+            reason = "tool_calls" if self.num_calls else delta.finish_reason.value
+            final = self._piece({}, finish_reason=reason)
+            if delta.sequence_score is not None:
+                final["sequence_score"] = delta.sequence_score
+            pieces.append(final)
+        return pieces
+
+    def _parse(self, delta: SequenceDelta) -> tuple[str, list[ToolCall]]:
+        """The text to release and the calls completed by this delta (all of it without a parser)."""
+        if self.parser is None:
+            return delta.text, []
+        text, calls = self.parser.feed(delta.text)
+        if delta.finish_reason is not None:
+            rest, more = self.parser.finish()
+            text, calls = text + rest, calls + more
+        return text, calls
+
+    def _call_pieces(self, calls: list[ToolCall]) -> list[dict]:
+        """OpenAI's streamed tool call: its id, type and name with empty arguments, then the arguments."""
+        pieces = []
+        for call in calls:
+            k = self.num_calls
+            self.num_calls += 1
+            head = {"index": k, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
+            for part in (head, {"index": k, "function": {"arguments": call.arguments}}):
+                pieces.append(self._piece({"tool_calls": [part]}))
+        return pieces
+
+    def _piece(self, delta: dict, finish_reason: str | None = None) -> dict:
+        """A choice object carrying the held logprobs (an empty list only with content, as before)."""
+        logprobs, self.held_logprobs = self.held_logprobs, None
+        if finish_reason is not None and not logprobs:
+            logprobs = None
+        return {"index": self.index, "delta": delta,
+                "logprobs": chat_logprobs(logprobs) if logprobs is not None else None,
+                "finish_reason": finish_reason}  # fmt: skip
+
+
+class ChatFormat(Envelope):
+    """``/v1/chat/completions``: chunks of each choice's stream, or the whole message per choice."""
+
+    object_name = "chat.completion"
+    chunk_object = "chat.completion.chunk"
+
+    def __init__(
+        self, request_id: str, model: str, n: int, *, logprobs: bool = False, tool_parser: type | None = None,
+        **options: bool,
+    ) -> None:  # fmt: skip
+        """``tool_parser``: a ``server.output.tool_parser`` stream class when the request offered tools."""
+        super().__init__(request_id, model, n, **options)
+        self.logprobs = logprobs
+        self.tool_parser = tool_parser
+        self._choices: dict[int, ChoiceStream] = {}
+
+    def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
+        self._count(prompt_index, output)
+        chunks = []
+        for delta in output.deltas:
+            stream = self._choices.get(delta.index)
+            if stream is None:
+                stream = self._choices[delta.index] = ChoiceStream(delta.index, self.tool_parser,
+                                                                   self.return_token_ids)  # fmt: skip
+            chunks.extend(self._chunk([piece]) for piece in stream.pieces(delta))
+        return chunks
+
+    def body(self, results: list[Collected]) -> dict:
+        (collected,) = results
+        choices = []
+        for index in range(self.n):
+            state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
+            message: dict = {"role": "assistant", "content": state.text}
+            finish_reason = state.finish_reason
+            if self.tool_parser is not None:
+                content, calls = parse_whole(state.text, self.tool_parser)
+                if calls:
+                    message = {"role": "assistant", "content": content,
+                               "tool_calls": [call.as_json() for call in calls]}  # fmt: skip
+                    finish_reason = "tool_calls"
+            choice = {
+                "index": index,
+                "message": message,
+                "logprobs": chat_logprobs(state.logprobs) if self.logprobs and index in collected.choices else None,
+                "finish_reason": finish_reason,
+            }
+            choices.append(self._extend(choice, state.token_ids, state.sequence_score))
+        return self._body(choices, results)

@@ -1,0 +1,35 @@
+"""``POST /v1/chat/completions``: the body validated whole, then the chat template, then the context's room."""
+
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+
+from server.api.chat.format import ChatFormat
+from server.api.chat.protocol import ChatCompletionRequest
+from server.api.generation import admitted, engine_of, respond, served_model, translated
+from server.http.auth import require_api_key
+from server.output.tool_parser import PARSERS
+from server.translate.params import length_is_given, with_context_default
+
+router = APIRouter(dependencies=[Depends(require_api_key)])
+
+
+@router.post("/v1/chat/completions")
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    client = engine_of(request)
+    model = served_model(client, body.model)
+    body, params = translated(request, client, body, max_model_len=client.max_model_len)
+    messages = body.messages_or_error()
+    prompt_ids = await client.apply_chat_template(messages, tools=body.template_tools())
+    if not length_is_given(body, client.generation_defaults):  # OpenAI's chat default: what the context leaves
+        params = with_context_default(params, client.max_model_len - len(prompt_ids))
+    params = await admitted(client, params, [prompt_ids], "messages")
+    tool_use = body.tool_use()
+    parser = PARSERS[request.app.state.settings.tool_call_parser] if tool_use and tool_use.offered() else None
+    fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
+                     return_token_ids=body.return_token_ids, include_usage=body.include_usage,
+                     tool_parser=parser)  # fmt: skip
+    return await respond(request, client, fmt, [prompt_ids], params, body.stream)

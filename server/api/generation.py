@@ -1,0 +1,109 @@
+"""The one path every generation API takes; an API's route only adds its prompt and its formatter.
+
+1. ``translated``: the body's sizes (every list and every text it will render, before any template or
+   tokenizer: ``server.translate.sizes``), its preset, then the one translation to validated
+   ``GenerationParams`` (``server.translate.params``), then the server's default watermark.
+2. The route turns its body into prompt ids (a chat template, a tokenizer, ids as sent).
+3. ``admitted``: the negative prompt tokenized, the checks against the model (vocabulary, context,
+   batch), the structured output compiled off the event loop.
+4. ``respond``: the caller's limit grown to the request's rows, one engine request per prompt, and
+   the streams handed to ``server.output.streaming`` with the API's formatter: SSE chunks or one body.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any, TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from sse_starlette.sse import EventSourceResponse
+
+from decoding import EngineClient, GenerationParams, RequestOutput
+from decoding.params import guidance_active
+from server.http.errors import APIError, unavailable
+from server.http.limits import caller_hold
+from server.output.streaming import ChunkFormat, collect_all, sse_events, until_disconnect
+from server.translate.fields import GenerationFields
+from server.translate.guidance import with_negative_prompt_ids
+from server.translate.presets import presets_of
+from server.translate.sizes import check_body_sizes
+from server.translate.watermark import with_server_watermark
+
+Body = TypeVar("Body", bound=GenerationFields)
+
+
+def engine_of(request: Request) -> EngineClient:
+    client = getattr(request.app.state, "engine", None)
+    if client is None:
+        raise unavailable("the model is still loading", code="loading")
+    return client
+
+
+def served_model(client: EngineClient, model: str | None) -> str:
+    """The name responses carry; ``model`` may be omitted since one model is served (as vLLM allows)."""
+    if model is not None and model != client.model_name:
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{client.model_name}'",
+                       param="model", code="model_not_found")  # fmt: skip
+    return client.model_name
+
+
+def translated(request: Request, client: EngineClient, body: Body, **endpoint: Any) -> tuple[Body, GenerationParams]:
+    """(the body with its preset's fields, its validated params); a bad field is a 400 before any
+    template, tokenizer or compiler work. ``endpoint``: what the body's ``params`` takes besides the
+    model's defaults."""
+    check_body_sizes(client, body)
+    body = presets_of(request).apply(body)  # request > preset > model defaults
+    params = body.params(client.generation_defaults, **endpoint)
+    return body, with_server_watermark(request, params)  # request > server default
+
+
+async def admitted(
+    client: EngineClient, params: GenerationParams, prompts: list[list[int]], prompt_param: str
+) -> GenerationParams:
+    """The params the engine runs, once the prompt ids are known: checked against the model, with the
+    negative prompt's ids and the compiled constraint."""
+    params = await with_negative_prompt_ids(client, params)
+    client.check_request(params, prompts, prompt_param)
+    return await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
+
+
+async def submit(
+    client: EngineClient, request_id: str, prompts: list[list[int]], params: GenerationParams
+) -> list[AsyncIterator[RequestOutput]]:
+    """One engine request per prompt; if one is refused (queue full), the ones before it are aborted."""
+    streams: list[AsyncIterator[RequestOutput]] = []
+    try:
+        for i, ids in enumerate(prompts):
+            streams.append(client.generate(f"{request_id}-{i}", ids, params))
+    except Exception:
+        for i in range(len(streams)):
+            await client.abort(f"{request_id}-{i}")
+        raise
+    return streams
+
+
+def engine_rows(params: GenerationParams) -> int:
+    """Rows one prompt runs in the engine: its beams, else its ``n`` sequences; twice with guidance."""
+    rows = params.num_beams if params.num_beams > 1 else params.n
+    return rows * (2 if guidance_active(params) else 1)
+
+
+def _widest_field(params: GenerationParams, num_prompts: int) -> str:
+    """The field to name when a request runs too many rows."""
+    if params.num_beams > 1:
+        return "num_beams"
+    return "n" if params.n > 1 or num_prompts == 1 else "prompt"
+
+
+async def respond(
+    request: Request, client: EngineClient, fmt: ChunkFormat, prompts: list[list[int]],
+    params: GenerationParams, stream: bool,
+) -> Response:  # fmt: skip
+    hold = caller_hold(request.scope.get("state", {}))
+    if hold is not None:  # the caller's limit counts the rows this request will run
+        hold.grow(len(prompts) * engine_rows(params), _widest_field(params, len(prompts)))
+    streams = await submit(client, fmt.request_id, prompts, params)
+    if stream:
+        return EventSourceResponse(sse_events(streams, fmt), ping=15)
+    return JSONResponse(fmt.body(await until_disconnect(request, collect_all(streams))))
