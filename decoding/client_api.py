@@ -73,6 +73,11 @@ class EngineClient(ABC):
     def is_ready(self) -> bool:
         """Model loaded, worker running and admitting requests (False while draining)."""
 
+    def is_draining(self) -> bool:
+        """The server is shutting down: a request that arrives now is refused before any work (a 503
+        that a load balancer retries on another replica), while the ones admitted before finish."""
+        return False
+
     def stuck(self) -> str | None:
         """Why the worker is alive but blocked (a custom method that does not stop), or None."""
         return None

@@ -8,10 +8,17 @@ Before the limits and the prefix tries a 3 MB ``bad_words_ids`` made every step 
 the goal is ≥ 0.8× (the hostile rows also take their fair share of each batched step, which
 costs the others something legitimately).
 
+``--kind grammar`` sends an ambiguous grammar instead (``s: s s | "a"``: it compiles in a millisecond,
+then each row's mask grows with every token, ~440 ms at token 900), with ``n`` 16 rows forced to 900
+tokens. Its masks' time budget (``decoding/sampling/grammar.py``) fails it with a 400 naming the
+constraint before it can slow the others for long; the sender sends it again at once, as an
+attacker would. Goal: ≥ 0.8× as well.
+
 One Decoda server (the embedded SmolLM2, float32); the two modes take turns within each round
 (order reversed every other round), so drift over minutes hits both.
 
     .venv/bin/python -m loadtests.bench_hostile --rounds 2
+    .venv/bin/python -m loadtests.bench_hostile --kind grammar --hostile-n 16 --hostile-tokens 900 --rounds 2
 """
 
 from __future__ import annotations
@@ -54,22 +61,38 @@ def hostile_body(n: int, max_tokens: int, seed: int = 0) -> dict:
     }
 
 
-def keep_sending(url: str, body: dict, stop: threading.Event, errors: list[str]) -> None:
-    """Send the hostile request again and again until ``stop``; its own tokens are not counted."""
+def grammar_body(n: int, max_tokens: int) -> dict:
+    return {
+        "prompt": "a",
+        "max_tokens": max_tokens,
+        "min_tokens": max_tokens,
+        "n": n,
+        "temperature": 0.8,
+        "seed": 0,
+        "structured_outputs": {"grammar": 'start: s\ns: s s | "a"\n'},
+    }
+
+
+def keep_sending(url: str, body: dict, stop: threading.Event, errors: list[str], refusals: list[str]) -> None:
+    """Send the hostile request again and again until ``stop``; its own tokens are not counted. A 400
+    naming the constraint is the server defending itself (counted in ``refusals``); anything else
+    but a 200 is an error."""
     with httpx.Client(timeout=600) as http:
         while not stop.is_set():
             r = http.post(f"{url}/v1/completions", json=body)
-            if r.status_code != 200:
+            if r.status_code == 400 and "structured_outputs" in r.text:
+                refusals.append(r.json()["error"]["message"])
+            elif r.status_code != 200:
                 errors.append(f"{r.status_code} {r.text[:200]}")
                 return
 
 
 def _load(url: str, mode: str, body: dict, args: argparse.Namespace) -> float:
     """The clients' output tok/s, alone or with the hostile request sent again and again beside them."""
-    stop, errors = threading.Event(), []
+    stop, errors, refusals = threading.Event(), [], []
     sender = None
     if mode != "alone":
-        sender = threading.Thread(target=keep_sending, args=(url, body, stop, errors), daemon=True)
+        sender = threading.Thread(target=keep_sending, args=(url, body, stop, errors, refusals), daemon=True)
         sender.start()
     load = loadgen_parser().parse_args(
         ["--url", url, "--concurrency", str(args.concurrency), "--max-tokens", str(args.max_tokens),
@@ -81,6 +104,8 @@ def _load(url: str, mode: str, body: dict, args: argparse.Namespace) -> float:
         sender.join(600)
     if summary["errors"] or errors:
         raise SystemExit(f"{mode}: {summary.get('first_error') or errors[0]}")
+    if refusals:
+        print(f"  the hostile request was refused {len(refusals)} times: {refusals[0][:160]}", flush=True)
     return summary["output_tok_s"]
 
 
@@ -91,11 +116,15 @@ def main() -> None:
     parser.add_argument("--requests-per-client", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--hostile-n", type=int, default=4, help="rows of the hostile request")
+    parser.add_argument("--kind", choices=("lists", "grammar"), default="lists", help="what makes it hostile")
+    parser.add_argument("--hostile-tokens", type=int, default=None, help="its length (default: --max-tokens)")
     args = parser.parse_args()
-    body = hostile_body(args.hostile_n, args.max_tokens)
+    length = args.hostile_tokens or args.max_tokens
+    body = hostile_body(args.hostile_n, length) if args.kind == "lists" else grammar_body(args.hostile_n, length)
     print(f"CPU: {cpu_summary()}\nhostile body: {len(json.dumps(body)) / 1e6:.2f} MB, n={args.hostile_n}", flush=True)
     results: dict[str, list[float]] = {"alone": [], "beside hostile": []}
-    with local_decoda(["--max-num-seqs", str(args.concurrency + args.hostile_n), "--max-model-len", "1024"]) as (
+    context = str(max(1024, 2 * length))
+    with local_decoda(["--max-num-seqs", str(args.concurrency + args.hostile_n), "--max-model-len", context]) as (
         url, _
     ):
         for round_ in range(args.rounds):

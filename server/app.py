@@ -2,7 +2,9 @@
 
 The engine loads during startup (uvicorn serves nothing until it is ready, and a failed load
 exits non-zero). On SIGTERM uvicorn stops accepting connections and ``decoda serve`` starts the
-drain at once (``begin_drain``): no new requests, in-flight ones may finish for ``drain_timeout``,
+drain at once (``begin_drain``): no new requests (one that still arrives on an open keep-alive
+connection gets a 503 with ``Retry-After`` before any work, which nginx retries on another
+replica: ``deploy/nginx.conf``), in-flight ones may finish for ``drain_timeout``,
 then the worker stops and whatever is still running ends with a 503 (an SSE error event for a
 stream). uvicorn waits a little longer than that before it cuts connections itself, so clients
 get the error rather than a dropped connection; then the lifespan ends and the process exits 0.

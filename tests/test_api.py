@@ -88,7 +88,7 @@ def test_chat_body_and_logprobs():
             "logprobs": True, "top_logprobs": 1}  # fmt: skip
     r = run(post(FakeEngineClient(), "/v1/chat/completions", body))
     choice = r.json()["choices"][0]
-    assert choice["message"] == {"role": "assistant", "content": "hello world"}
+    assert choice["message"] == {"role": "assistant", "content": "hello world", "refusal": None}
     entry = choice["logprobs"]["content"][0]
     assert entry["token"] == "hello" and entry["bytes"] == list(b"hello")
     assert entry["top_logprobs"][0]["logprob"] == -0.5

@@ -251,7 +251,8 @@ def test_full_queue_answers_429_with_retry_after(smollm2):
 
 
 def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2):
-    base, proc = start_server()
+    # a drain deadline no machine's 40 tokens come near: what is tested is that the stream finishes
+    base, proc = start_server("--drain-timeout", "600")
     body = {"model": MODEL, "prompt": "Tell me a story.", "max_tokens": 40, "ignore_eos": True, "temperature": 0,
             "stream": True}  # fmt: skip
     chunks = []
@@ -259,15 +260,26 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(smollm2):
         for line in response.iter_lines():
             if line.startswith("data: ") and not chunks:
                 proc.send_signal(signal.SIGTERM)  # mid-stream
-                time.sleep(0.3)
-                with pytest.raises(httpx.HTTPError):  # admission stopped: the listener is closed
-                    httpx.get(f"{base}/ready", timeout=2).raise_for_status()
+                assert_stops_admitting(base)
             if line.startswith("data: "):
                 chunks.append(line)
     assert chunks[-1] == "data: [DONE]"
     finish = [json.loads(c[6:]) for c in chunks[:-1]][-1]["choices"][0]["finish_reason"]
     assert finish == "length"  # the in-flight request ran to its end
     assert proc.wait(60) == 0
+
+
+def assert_stops_admitting(base: str, seconds: float = 60) -> None:
+    """After SIGTERM, /ready goes red (503 while draining) or the listener closes, however slow the machine."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            if httpx.get(f"{base}/ready", timeout=5).status_code == 503:
+                return
+        except httpx.HTTPError:  # the listener is closed
+            return
+        assert time.monotonic() < deadline, "still admitting after SIGTERM"
+        time.sleep(0.05)
 
 
 def test_speculative_decoding_with_a_preloaded_assistant(smollm2):

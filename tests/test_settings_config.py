@@ -101,3 +101,32 @@ def test_pip_install_ships_config_server_yaml(tmp_path):
     # the native kernels' sources, which an installed server builds on first use
     for kernel in ("decoding/kv/paged_decode.cpp", "decoding/model/quantization/block_dot.cpp"):
         assert (target / kernel).is_file(), kernel
+
+
+TRACKED_TEMPLATE = """{% for message in messages %}
+{% if message['role'] == 'assistant' %}{% generation %}{{ message['content'] }}{% endgeneration %}
+{% else %}{{ message['content'] }}{% endif %}
+{% endfor %}"""
+FIRST_USER_TEMPLATE = """{% for message in messages %}
+{% if message['role'] == 'user' %}{{ message['content'] }}{% break %}{% endif %}
+{% if message['role'] == 'system' %}{% continue %}{% endif %}
+{% endfor %}"""
+
+
+@pytest.mark.parametrize("template", [TRACKED_TEMPLATE, FIRST_USER_TEMPLATE], ids=["generation", "loop_controls"])
+def test_a_chat_template_using_transformers_extensions_passes_the_start_checks(tmp_path, template):
+    from server.config.settings import Settings
+
+    path = tmp_path / "hf.jinja"
+    path.write_text(template)
+    Settings(chat_template=str(path)).check()  # {% generation %} and {% break %} are transformers' Jinja
+
+
+def test_a_broken_chat_template_fails_the_start_naming_the_flag_the_file_and_the_line(tmp_path):
+    from server.config.settings import Settings
+
+    path = tmp_path / "broken.jinja"
+    path.write_text("{{ bos_token }}\n{% for message in messages %}{{ message['content'] }}\n{% endfor\n")
+    with pytest.raises(ValueError, match=rf"--chat-template {path}: line 3: ") as error:
+        Settings(chat_template=str(path)).check()
+    assert "Traceback" not in str(error.value)

@@ -246,3 +246,57 @@ def test_an_assistant_model_drafts_under_the_constraint(model, smollm2_tokenizer
     for key, (_, params) in requests.items():
         assert assisted.finish_reason(key) == "stop", f"{key}: {assisted.text(key)!r}"
         jsonschema.validate(json.loads(assisted.text(key)), params.structured_output.value)
+
+
+AMBIGUOUS = 'start: s\ns: s s | "a"\n'  # compiles in a millisecond; each mask grows with every token
+
+
+def test_an_ambiguous_grammar_fails_its_own_request_and_no_other(model, smollm2_tokenizer, compiler):
+    """The hostile request (n rows, forced long) ends with an error naming its constraint, counted;
+    the requests beside it finish as they would alone. The per-call limit is lowered so the test's
+    outcome does not depend on the machine's speed."""
+    import decoding.sampling.grammar as grammar
+
+    failures = []
+    spec = StructuredOutput("grammar", AMBIGUOUS, param="structured_outputs")
+    hostile = constrained(compiler, spec, max_new_tokens=400, min_new_tokens=400, n=4)
+    schema = StructuredOutput("json", SCHEMAS[0], param="response_format")
+    fine = constrained(compiler, schema, max_new_tokens=80)
+    requests = {"hostile": ([500, 600], hostile), "fine": ([700, 800], fine),
+                "plain": ([900, 901], GenerationParams(max_new_tokens=20))}  # fmt: skip
+    alone = run(model, smollm2_tokenizer, {k: v for k, v in requests.items() if k != "hostile"})
+    saved = grammar.MEAN_CALL_LIMIT_S
+    grammar.MEAN_CALL_LIMIT_S = 1e-3  # 1 ms a call for its 4 rows: the ambiguous masks pass it within ~150 tokens
+    try:
+        harness = EngineHarness(model, smollm2_tokenizer, [EOS])
+        harness.engine.observer.on_grammar_failed = failures.append
+        for name, (prompt, params) in requests.items():
+            harness.add(name, prompt, params)
+        harness.run()
+    finally:
+        grammar.MEAN_CALL_LIMIT_S = saved
+    (last,) = [out for out in harness.outputs["hostile"] if out.finished]
+    assert last.error_code == "invalid_request" and "structured_outputs" in last.error and "simplify" in last.error
+    assert failures == ["budget"]
+    for name in ("fine", "plain"):
+        assert harness.token_ids(name) == alone.token_ids(name)
+        assert harness.finish_reason(name) == alone.finish_reason(name)
+
+
+def test_a_matcher_in_its_error_state_is_an_error_never_a_stop(model, smollm2_tokenizer, compiler):
+    """llguidance's error state (a limit hit mid-generation) used to allow only eos: a 200 with
+    ``stop`` and output that fails its schema. It fails the request instead, counted as "error"."""
+    from decoding.sampling.grammar import GrammarFailure, MaskBudget, RowGrammar
+
+    class Erring:
+        def is_error(self) -> bool:
+            return True
+
+        def get_error(self) -> str:
+            return "parser too complex (step_max_items)"
+
+    row = RowGrammar(Erring(), [EOS], MaskBudget("response_format"))
+    with pytest.raises(GrammarFailure) as failure:
+        row.fill(torch.zeros(8, dtype=torch.int32))
+    assert failure.value.reason == "error" and str(failure.value).startswith("response_format: ")
+    assert "step_max_items" in str(failure.value)

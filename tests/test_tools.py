@@ -90,6 +90,55 @@ def test_streamed_logprobs_equal_the_body_while_the_parser_holds_text_back():
     assert body["finish_reason"] == "tool_calls" and chunks[-1]["choices"][0]["finish_reason"] == "tool_calls"
 
 
+def test_the_parser_takes_offered_names_and_object_arguments_only_and_reads_tags_inside_strings():
+    names = ["get_weather"]
+    assert parse_hermes(CALL.replace("get_weather", "rm_rf"), names) == (CALL.replace("get_weather", "rm_rf"), [])
+    as_list = '<tool_call>\n{"name": "get_weather", "arguments": [1, 2]}\n</tool_call>'
+    assert parse_hermes(as_list, names) == (as_list, [])  # arguments must be an object
+    tricky = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "a</tool_call>b"}}\n</tool_call>'
+    for size in (1, 5, len(tricky)):
+        stream, calls = HermesStream(names), []
+        for start in range(0, len(tricky), size):
+            piece, found = stream.feed(tricky[start : start + size])
+            assert piece == ""
+            calls += found
+        assert [json.loads(c.arguments) for c in calls] == [{"city": "a</tool_call>b"}]
+
+
+def test_an_open_call_is_scanned_once_however_small_the_deltas():
+    stream = HermesStream()
+    stream.feed('<tool_call>\n{"name": "f", "arguments": {"text": "')
+    for _ in range(5_000):
+        assert stream.feed("ab<c") == ("", [])
+        assert stream._scan.scanned >= len(stream._pending) - len("</tool_call>")  # never rescanned from 0
+    assert stream.feed('"}}\n</tool_call>')[1][0].name == "f"
+
+
+def test_a_reply_cut_mid_call_says_length_and_drops_the_unfinished_call():
+    text = "Checking. " + CALL + "\n" + CALL[:35]
+    for streamed in (True, False):
+        fmt = ChatFormat("id", "m", 1, tool_parser=HermesStream)
+        pieces = [text[:20], text[20:60], text[60:]]
+        collected, chunks = Collected(), []
+        for i, piece in enumerate(pieces):
+            last = i == len(pieces) - 1
+            delta = SequenceDelta(index=0, text=piece, token_ids=[i],
+                                  finish_reason=FinishReason.LENGTH if last else None)  # fmt: skip
+            output = RequestOutput("r", deltas=[delta])
+            chunks += fmt.chunks(0, output) if streamed else []
+            collected.add(output)
+        if streamed:
+            content = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks)
+            calls = [p for c in chunks for p in c["choices"][0]["delta"].get("tool_calls", []) if "id" in p]
+            reason = chunks[-1]["choices"][0]["finish_reason"]
+        else:
+            choice = fmt.body([collected])["choices"][0]
+            message, reason = choice["message"], choice["finish_reason"]
+            content, calls = message["content"], message["tool_calls"]
+        assert "<tool_call>" not in content and content.strip() == "Checking."
+        assert len(calls) == 1 and reason == "length"
+
+
 def test_request_checks_name_the_field():
     cases = [
         ({"tools": [WEATHER, WEATHER]}, "tools"),
@@ -120,7 +169,8 @@ def test_tool_turns_reach_the_template_with_objects_for_arguments():
 
 
 def test_required_and_named_constrain_the_reply_and_none_offers_nothing():
-    assert request(tools=[WEATHER]).params({}).structured_output is None  # auto: the model decides
+    auto = request(tools=[WEATHER]).params({}).structured_output  # auto: the model decides whether to call...
+    assert auto.param == "tools" and "text_then_tag[lazy]" in auto.value  # ...and a call it opens is enforced
     required = request(tools=[WEATHER, TIME], tool_choice="required").params({})
     assert required.structured_output.param == "tool_choice" and not required.skip_special_tokens
     assert request(tools=[WEATHER], tool_choice="none").template_tools() is None
@@ -147,6 +197,58 @@ def test_the_call_grammar_accepts_valid_calls_only(smollm2_tokenizer):
     named = call_grammar(tools, choice.tool_choice, parallel=True)
     assert accepts(named, '<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>')
     assert not accepts(named, CALL)
+
+
+def grammar_accepts(compiler, tokenizer, spec: StructuredOutput, text: str) -> bool:
+    matcher = compiler.compile(spec)[0].new_matcher()
+    ok = all(matcher.consume_token(t) for t in tokenizer.encode(text, add_special_tokens=False))
+    return ok and matcher.is_accepting()
+
+
+def test_auto_enforces_every_call_the_model_opens_and_parallel_false_allows_one(smollm2_tokenizer):
+    from decoding.structured.compiler import GrammarCompiler
+
+    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
+    tools = [Tool.model_validate(WEATHER), Tool.model_validate(TIME)]
+
+    def accepts(spec: StructuredOutput, text: str) -> bool:
+        return grammar_accepts(compiler, smollm2_tokenizer, spec, text)
+
+    auto = call_grammar(tools, "auto", parallel=True)
+    assert accepts(auto, "It is sunny.") and accepts(auto, "Let me check. " + CALL + "\nDone.")
+    assert accepts(auto, CALL + "\n" + CALL.replace("Oslo", "Rome"))
+    assert not accepts(auto, CALL.replace("get_weather", "get_wether"))  # a name never offered
+    assert not accepts(auto, CALL.replace('"city": "Oslo"', '"city": 3'))  # arguments off the schema
+    assert not accepts(auto, "Sure. " + CALL[:40])  # an open call cannot end the reply
+    single = call_grammar(tools, None, parallel=False)
+    assert accepts(single, "Sure. " + CALL) and accepts(single, "no call")
+    assert not accepts(single, CALL + "\n" + CALL) and not accepts(single, CALL + " and more text")
+    loose = Tool.model_validate({"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"type": "integer"}}}}})  # fmt: skip
+    strict = Tool.model_validate({**loose.model_dump(), "function": {**loose.function.model_dump(), "strict": True}})
+    extra = '<tool_call>\n{"name": "f", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    assert accepts(call_grammar([loose], "auto", True), extra)  # JSON Schema's default admits other properties
+    assert not accepts(call_grammar([strict], "auto", True), extra)  # strict: only the named ones
+
+
+def test_tools_with_a_json_answer_and_the_one_limit_required_can_meet():
+    answer = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object", "properties": {
+        "temp": {"type": "number"}}, "required": ["temp"]}}}  # fmt: skip
+    combined = request(tools=[WEATHER], response_format=answer).params({}).structured_output
+    assert combined.param == "tools" and "answer: %json" in combined.value
+    with pytest.raises(ParameterError) as error:
+        request(tools=[WEATHER], structured_outputs={"regex": "a+"}).params({})
+    assert error.value.param == "structured_outputs"
+    big = {"type": "object", "properties": {f"field_{k}": {"type": "string", "description": "x" * 40}
+                                            for k in range(12)}}  # fmt: skip
+    many = [{"type": "function", "function": {"name": f"tool_{i}", "parameters": big}} for i in range(100)]
+    assert len(json.dumps(many)) > 64_000  # more than one user constraint may hold, fewer than the tools' limit
+    required = request(tools=many, tool_choice="required").params({}).structured_output
+    required.validate()  # no 400 blaming tool_choice for tools the request was allowed to send
+    huge = [{"type": "function", "function": {"name": f"t{i}", "description": "y" * 3000}} for i in range(100)]
+    with pytest.raises(ParameterError) as error:
+        request(tools=huge).params({})
+    assert error.value.param == "tools" and "256000" in error.value.message
 
 
 def test_bad_template_or_parser_flags_stop_the_server_at_start(tmp_path):

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import AsyncIterator, Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,7 +24,7 @@ from decoding.engine.worker import Worker
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
 from decoding.params.model_checks import ModelFacts
-from decoding.structured.compiler import GrammarCompiler
+from decoding.structured.compiler import CompiledGrammar, GrammarCompiler
 from decoding.telemetry import EngineObserver
 
 T = TypeVar("T")
@@ -53,6 +53,22 @@ class ChatTemplates:
             return cls(None)
         renders_tools = "tools" in model_template
         return cls(MODEL_TEMPLATE, None if renders_tools else tool_template)
+
+
+class OwnThread(ThreadPoolExecutor):
+    """One named thread of the client's (tokenizer, grammar compiler). Once the drain has shut it
+    down, work handed to it is an ``EngineUnavailableError`` (a 503 with ``Retry-After`` that a load
+    balancer retries elsewhere) instead of the executor's ``RuntimeError`` (a 500): a request that
+    got past the drain check just before the drain ended reaches it that late."""
+
+    def __init__(self, thread_name_prefix: str) -> None:
+        super().__init__(max_workers=1, thread_name_prefix=thread_name_prefix)
+
+    def submit(self, fn: Callable[..., T], /, *args: object, **kwargs: object) -> Future[T]:
+        try:
+            return super().submit(fn, *args, **kwargs)
+        except RuntimeError as error:  # "cannot schedule new futures after shutdown"
+            raise EngineUnavailableError("the server is shutting down") from error
 
 
 class WorkerEngineClient(EngineClient):
@@ -89,10 +105,10 @@ class WorkerEngineClient(EngineClient):
         # taking a submit from its inbox and adding it to the engine, the worker holds it in neither
         self._in_flight: set[str] = set()
         self._lock = threading.Lock()
-        self._text_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-tokenizer")
+        self._text_thread = OwnThread(thread_name_prefix="decoda-tokenizer")
         # structured outputs compile on a thread of their own: a slow grammar never delays tokenizing
         self._compiler = compiler
-        self._compile_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="decoda-grammar")
+        self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
         self._observer = observer or EngineObserver()
 
     # ---- model facts -------------------------------------------------------------------------------
@@ -112,6 +128,9 @@ class WorkerEngineClient(EngineClient):
 
     def is_ready(self) -> bool:
         return self.worker.alive and not self._draining
+
+    def is_draining(self) -> bool:
+        return self._draining
 
     def stuck(self) -> str | None:
         custom = getattr(self.worker.engine, "custom", None)
@@ -145,6 +164,8 @@ class WorkerEngineClient(EngineClient):
 
         try:
             return await self._off_loop(render)
+        except EngineUnavailableError:  # the drain stopped the tokenizer thread: a 503, not the messages' fault
+            raise
         except Exception as error:  # a template's own raise_exception(), or one that cannot render these messages
             raise ParameterError(f"the chat template cannot render these messages: {error}",
                                  param="messages") from error  # fmt: skip
@@ -157,8 +178,16 @@ class WorkerEngineClient(EngineClient):
         spec = params.structured_output
         if spec is None or self._compiler is None:
             return await super().compile_structured_output(params)
-        work = asyncio.get_running_loop().run_in_executor(self._compile_thread, self._compiler.compile, spec)
+        loop = asyncio.get_running_loop()
+        begun = loop.create_future()  # the time limit counts the compile, not the wait behind others'
+
+        def compile_now() -> tuple[CompiledGrammar, bool]:
+            loop.call_soon_threadsafe(lambda: begun.done() or begun.set_result(None))
+            return self._compiler.compile(spec)
+
+        work = loop.run_in_executor(self._compile_thread, compile_now)
         try:
+            await asyncio.wait({begun, work}, return_when=asyncio.FIRST_COMPLETED)
             compiled, cached = await asyncio.wait_for(work, COMPILE_TIMEOUT_S)
         except TimeoutError as error:
             raise ParameterError(f"{spec.param}: compiling the constraint took more than {COMPILE_TIMEOUT_S:g} s; "
@@ -213,8 +242,11 @@ class WorkerEngineClient(EngineClient):
         else:
             logger.info("drained in %.1f s", loop.time() - started)
         await asyncio.to_thread(self.worker.stop, 10.0)
-        self._text_thread.shutdown(wait=False, cancel_futures=True)
-        self._compile_thread.shutdown(wait=False, cancel_futures=True)
+        # only now, with no request left in the engine: a handler that got in before the drain and is
+        # still tokenizing gets its ids (queued work still runs, then generate answers 503); one that
+        # submits after this gets EngineUnavailableError (OwnThread), a 503 too, never a 500
+        self._text_thread.shutdown(wait=False)
+        self._compile_thread.shutdown(wait=False)
 
 
 class OutputStream:

@@ -27,6 +27,7 @@ from decoding.model.runner import ModelRunner, RowInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
 from decoding.sampling import BatchSampler
+from decoding.sampling.grammar import GrammarFailure
 from decoding.state.context import EngineContext
 from decoding.state.request import Request
 from decoding.strategies import DecodingStrategy, Pick, make_strategy
@@ -231,9 +232,10 @@ class Engine:
                 for chunk in (fed for fed in mine if fed.prompt):
                     logits = logits_of[id(chunk)]
                     picks.extend(prefill.consume_chunk(strategy, chunk.row_input, logits, self._token_text))
-            except Exception as exc:
-                logger.exception("request %s failed", strategy.request.request_id)
-                self._fail(strategy, str(exc))
+            except Exception as exc:  # a constraint that cannot go on is the request's, not a bug: no traceback
+                if not isinstance(exc, GrammarFailure):
+                    logger.exception("request %s failed", strategy.request.request_id)
+                self._fail(strategy, str(exc), sample_stage.error_code(exc), cause=exc)
         return [pick for pick in picks if pick.strategy.request.error is None]
 
     # ---- streaming and the end -----------------------------------------------------------------------
@@ -251,8 +253,11 @@ class Engine:
             if output.deltas or output.finished or output.prompt_logprobs:
                 self.emit(output)
 
-    def _fail(self, strategy: DecodingStrategy, message: str, code: str = "internal") -> None:
+    def _fail(self, strategy: DecodingStrategy, message: str, code: str = "internal", cause: object = None) -> None:
         request = strategy.request
+        if isinstance(cause, GrammarFailure):  # logged and counted: a client's 400, not a server's bug
+            logger.warning("request %s: its constraint failed (%s): %s", request.request_id, cause.reason, cause)
+            self.observer.on_grammar_failed(cause.reason)
         request.error = f"request {request.request_id} failed: {message}"
         self._retire(strategy, request.error, code)
 
@@ -262,16 +267,8 @@ class Engine:
         if request.request_id not in self.strategies:
             return
         self._forget(strategy)
-        self.emit(
-            RequestOutput(
-                request.request_id,
-                num_prompt_tokens=len(request.prompt_ids),
-                num_generated_tokens=request.num_generated,
-                finished=True,
-                error=error,
-                error_code=code,
-            )
-        )
+        self.emit(RequestOutput(request.request_id, num_prompt_tokens=len(request.prompt_ids), finished=True,
+                                num_generated_tokens=request.num_generated, error=error, error_code=code))  # fmt: skip
         reason = "abort" if error is None else "error"
         self.observer.on_finished(strategy.name, reason, time.monotonic() - request.arrival_time)
         # no step may follow (the engine goes idle): the gauges must not keep the freed rows

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 
 from decoding.config import EngineConfig
+from decoding.model.inductor_cache import use_private_inductor_cache
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
     The server begins the builds before it imports the engine (their modules import torch alone);
     the engine's build calls this again, and a build already under way is waited for, not
     repeated."""
+    if config.compile:  # before inductor builds or loads anything, and before its workers start
+        use_private_inductor_cache()
     try:
         on_cpu = torch.device(config.device).type == "cpu"
     except RuntimeError:  # not a device: the engine's build says so, as it would without this

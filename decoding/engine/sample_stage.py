@@ -1,6 +1,8 @@
 """The engine's last stage: every plain row's next token picked in one batched pass, then handed
 to its strategy; a pass that fails is retried request by request, so the request whose knobs
-broke it (scores overflowing to inf: a 400) fails alone and the others keep their tokens."""
+broke it (scores overflowing to inf: a 400) fails alone and the others keep their tokens. A
+constraint that cannot go on (``GrammarFailure``: its matcher errored, or its masks are over their
+time budget) names its request, which fails at once; the others are picked again without it."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 from decoding.sampling import BatchSampler
 from decoding.sampling.batch import NonFiniteScores
+from decoding.sampling.grammar import GrammarFailure
 from decoding.state.request import Request
 from decoding.strategies import Pick
 
@@ -25,6 +28,15 @@ def sample(sampler: BatchSampler, picks: list[Pick], fail: Fail) -> None:
     logits = torch.stack([pick.logits for pick in picks])  # [num_picks, vocab_size]
     try:
         tokens = sampler.pick([pick.row.sampling for pick in picks], logits)
+    except GrammarFailure as exc:
+        sampler.forget()
+        failing = [pick for pick in picks if _budget_of(pick) is exc.budget]
+        if failing:
+            fail(failing[0].strategy, str(exc), code=error_code(exc), cause=exc)
+            sample(sampler, [pick for pick in picks if _budget_of(pick) is not exc.budget], fail)
+        else:
+            _sample_each_request(sampler, picks, fail)
+        return
     except Exception:
         logger.exception("batched sampling failed; retrying request by request")
         sampler.forget()
@@ -45,12 +57,21 @@ def _sample_each_request(sampler: BatchSampler, picks: list[Pick], fail: Fail) -
         except Exception as exc:
             request: Request = mine[0].strategy.request
             logger.warning("request %s failed while sampling: %s", request.request_id, exc)
-            code = "invalid_request" if isinstance(exc, NonFiniteScores) else "internal"
-            fail(mine[0].strategy, f"sampling failed: {exc}", code=code)
+            fail(mine[0].strategy, f"sampling failed: {exc}", code=error_code(exc), cause=exc)
             continue
         finally:
             sampler.forget()
         _accept(mine, tokens, logits, fail)
+
+
+def error_code(exc: Exception) -> str:
+    """``invalid_request`` (a 400) when the request's own knobs or constraint broke it, else ``internal``."""
+    return "invalid_request" if isinstance(exc, (NonFiniteScores, GrammarFailure)) else "internal"
+
+
+def _budget_of(pick: Pick) -> object | None:
+    grammar = pick.row.sampling.grammar
+    return None if grammar is None else grammar.budget
 
 
 def _accept(picks: list[Pick], tokens: list[int], logits: torch.Tensor, fail: Fail) -> None:

@@ -49,6 +49,7 @@ import torch
 import torch._dynamo
 
 from decoding.model.anatomy import decoder_layers
+from decoding.model.inductor_cache import use_private_inductor_cache
 
 COMPILED_MARK = "_decoda_compiled"
 LAYER_BUFFER = "_decoda_layer"  # the attention module's layer index as a 0-d int64 tensor
@@ -66,6 +67,7 @@ def compile_model(model: torch.nn.Module, backend: str | Callable = "inductor") 
             regions[kind] = _flat_region(kind, max_reuse_entries=max(8, len(layers)))
         layer.forward = types.MethodType(regions[kind], layer)
     if backend == "inductor":
+        use_private_inductor_cache()  # its kernels are native code loaded from its cache: a private one
         _int4_kernel_as_a_plain_call()
     # no guards on the modules: their weights and attributes never change while serving, and checking
     # the ~500 tensors of a small model took ~2.2 ms of a one-row step (dynamo's cache lookup)

@@ -57,6 +57,10 @@ SIZE_LIMITS: dict[str, SizeLimit] = {
     # make the compiler read)
     "choice": SizeLimit(1_000, items_unit="choices"),
     "structured_output": SizeLimit(64_000, items_unit="characters serialised"),
+    # the tools a request offers, serialised: each call's grammar holds them all, so what is accepted
+    # here always compiles (llguidance's symbol table overflows near 1.4M characters of schemas)
+    "tool_definitions": SizeLimit(256_000, items_unit="characters serialised"),
+    "tool_grammar": SizeLimit(256_000 + 128 * 512, items_unit="characters serialised"),  # + each call's frame
 }
 
 

@@ -27,6 +27,7 @@ class StructuredOutput:
     kind: str
     value: Any
     param: str = "structured_outputs"  # the field the user sent, for error messages
+    size_limit: str = "structured_output"  # its SIZE_LIMITS entry: a tool-call grammar is bounded by the tools'
 
     @cached_property
     def key(self) -> str:
@@ -46,7 +47,7 @@ class StructuredOutput:
             if not (isinstance(choices, list) and choices and all(isinstance(c, str) and c for c in choices)):
                 raise ParameterError(f"{self.param}: choice must be a non-empty list of non-empty strings", self.param)
             check_size("choice", choices, self.param)
-        check_size("structured_output", self.key, self.param)
+        check_size(self.size_limit, self.key, self.param)
 
 
 def _type(value: object) -> str:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from decoding.params import GenerationParams
-from decoding.sampling.grammar import RowGrammar
+from decoding.sampling.grammar import MaskBudget, RowGrammar, mask_budget_of
 from decoding.sampling.token_rules import TokenRules
 
 
@@ -25,7 +25,10 @@ class RowSamplingState:
         vocab_size: int,
         generator: torch.Generator | None,
         device: torch.device | str = "cpu",
+        mask_budget: MaskBudget | None = None,
     ) -> None:
+        """``mask_budget``: the request's, shared by all its rows (``sampling.grammar``); one of its own
+        when the row is the request's only one, or its first, which its beams fork."""
         self.params = params
         self.device = torch.device(device)
         self.alone: object | None = None  # SamplingBatch.for_row's batch of this row alone, built on first use
@@ -48,7 +51,8 @@ class RowSamplingState:
                  params.sequence_bias)  # fmt: skip
         self.rules = TokenRules.of(params, vocab_size, self.device) if any(lists) else None
         compiled = params.compiled_grammar  # decoding.structured.CompiledGrammar
-        self.grammar = None if compiled is None else RowGrammar(compiled.new_matcher(), self.eos_token_ids)
+        mask_budget = mask_budget or mask_budget_of(params)
+        self.grammar = None if compiled is None else RowGrammar(compiled.new_matcher(), self.eos_token_ids, mask_budget)
         if params.no_repeat_ngram_size > 0:
             self.ngrams = {}
             size = params.no_repeat_ngram_size

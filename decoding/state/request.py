@@ -16,6 +16,7 @@ from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLo
 from decoding.params import GenerationParams
 from decoding.params.lengths import new_token_limit
 from decoding.sampling import RowSamplingState, make_generator
+from decoding.sampling.grammar import mask_budget_of
 from decoding.state.context import EngineContext
 from decoding.text.stop import StopChecker, StopStrings
 from decoding.text.streamer import DeltaStreamer
@@ -119,11 +120,13 @@ class Request:
             return tokenizer.decode(ids, skip_special_tokens=params.skip_special_tokens)
 
         stop_strings = StopStrings(tokenizer, params.stop_strings) if params.stop_strings else None
+        budget = mask_budget_of(params)  # one for all the request's rows
 
         rows = [
             Row(
                 index=index,
-                sampling=RowSamplingState(params, prompt_ids, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device),
+                sampling=RowSamplingState(params, prompt_ids, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device,
+                                          budget),  # fmt: skip
                 streamer=DeltaStreamer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens),
                 stop=StopChecker(params, eos, max_new_tokens, decode, stop_strings, prompt_ids),
             )

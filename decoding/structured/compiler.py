@@ -76,9 +76,10 @@ class GrammarCompiler:
                 self.stats.hits += 1
                 return cached, True
         started = time.perf_counter()
+        tokenizer = self.tokenizer()  # a failure here is the server's (a 500), never the request's grammar
         grammar = _grammar_of(spec)
         try:
-            template = LLMatcher(self.tokenizer(), grammar, log_level=0, limits=LLParserLimits(**LIMITS))
+            template = LLMatcher(tokenizer, grammar, log_level=0, limits=LLParserLimits(**LIMITS))
         except Exception as error:  # llguidance reports grammar errors in the matcher; anything else is the input's
             raise ParameterError(f"{spec.param}: {_reason(str(error))}", spec.param, "invalid_grammar") from error
         if template.is_error():
@@ -92,12 +93,20 @@ class GrammarCompiler:
         return compiled, False
 
     def tokenizer(self) -> llguidance.LLTokenizer:
+        """llguidance's view of the served tokenizer, built once; ``GrammarTokenizerError`` if it cannot be."""
         with self._lock:
             if self._tokenizer is None:
                 eos = self._eos[0] if len(self._eos) == 1 else self._eos
-                self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
-                                                               eos_token=eos)  # fmt: skip
+                try:
+                    self._tokenizer = llguidance.hf.from_tokenizer(self._hf_tokenizer, n_vocab=self._vocab_size,
+                                                                   eos_token=eos)  # fmt: skip
+                except Exception as error:
+                    raise GrammarTokenizerError(f"llguidance cannot read this tokenizer: {error}") from error
             return self._tokenizer
+
+
+class GrammarTokenizerError(RuntimeError):
+    """The served tokenizer cannot be turned into llguidance's: a server fault (HTTP 500), not the request's."""
 
 
 def _grammar_of(spec: StructuredOutput) -> str:

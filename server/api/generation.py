@@ -34,9 +34,14 @@ Body = TypeVar("Body", bound=GenerationFields)
 
 
 def engine_of(request: Request) -> EngineClient:
+    """The engine client, first thing in every engine-facing route: while the model loads or the
+    server drains, a 503 with ``Retry-After`` before any tokenizer, template or compiler work, so a
+    load balancer hands the request to another replica instead of it failing half-way."""
     client = getattr(request.app.state, "engine", None)
     if client is None:
         raise unavailable("the model is still loading", code="loading")
+    if client.is_draining():
+        raise unavailable("the server is shutting down")
     return client
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
+from decoding.text.chat_template import check_chat_template
 from server.output.tool_parser import check_parser
 
 # the tool-capable ChatML template shipped for models whose own template ignores tools (config/ in a
@@ -215,15 +216,11 @@ def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:
 
 
 def check_template(path: Path) -> None:
-    """A chat template file exists and is Jinja that parses."""
-    import jinja2
-
+    """A chat template file exists and compiles as transformers will compile it (its sandbox and
+    extensions: ``{% generation %}``, ``{% break %}``), so a valid HF template is never refused."""
     if not path.is_file():
         raise ValueError(f"--chat-template {path}: no such file")
-    try:
-        jinja2.Environment().parse(path.read_text())
-    except jinja2.TemplateSyntaxError as error:
-        raise ValueError(f"--chat-template {path}: line {error.lineno}: {error.message}") from error
+    check_chat_template(path.read_text(), f"--chat-template {path}")
 
 
 def shipped_tool_template() -> str | None:

@@ -1,8 +1,9 @@
 """Every error leaves in OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 
-Handlers map validation problems to 400 naming the field, unknown models to 404, a full queue to
-429 with ``Retry-After``, a stopped or dead engine to 503 with ``Retry-After``, and anything
-unexpected to a 500 that names the request id without leaking a traceback.
+Handlers map validation problems to 400 naming the field (a nested one by its path, as the client
+wrote it: ``messages[1].content[0].foo``), unknown models to 404, a full queue to 429 with
+``Retry-After``, a stopped or dead engine to 503 with ``Retry-After``, and anything unexpected to a
+500 that names the request id without leaking a traceback.
 """
 
 from __future__ import annotations
@@ -77,17 +78,42 @@ def from_output(output: RequestOutput) -> APIError:
     return APIError(500, message, type_="server_error", code="internal")
 
 
+# what pydantic names a union's branch with in a location (``str``, ``list[TextPart]``, ``literal[...]``,
+# ``NamedToolChoice``, ``function-after[...]``): never a field the client sent
+_TYPE_LABELS = frozenset({"str", "int", "float", "bool", "bytes", "dict", "list", "tuple", "set", "none"})
+
+
+def _is_branch_label(part: str) -> bool:
+    return part in _TYPE_LABELS or not part[:1].islower() or any(mark in part for mark in "[-(")
+
+
+def _field_parts(loc: tuple) -> list[str | int]:
+    """The location as the client wrote it: FastAPI's leading ``body`` and union branches dropped."""
+    parts = list(loc[1:] if loc[:1] == ("body",) else loc)
+    return [part for part in parts if isinstance(part, int) or not _is_branch_label(str(part))]
+
+
 def _field_name(loc: tuple) -> str | None:
-    parts = [str(p) for p in loc if p != "body"]
-    # union branches add type names to the location; the user's field is the first part
-    return parts[0] if parts else None
+    """``top_p``; ``messages[1].content[0].foo`` for a nested field (None: the body itself)."""
+    path = ""
+    for part in _field_parts(loc):
+        path += f"[{part}]" if isinstance(part, int) else f".{part}" if path else str(part)
+    return path or None
+
+
+def _most_specific(errors: list[dict]) -> dict:
+    """The first error or, when a union's branches all failed on that same field, the branch that got
+    deepest (a text part's unknown ``foo``, not "content should be a string")."""
+    top = _field_parts(tuple(errors[0].get("loc", ())))[:1]
+    same_field = [e for e in errors if _field_parts(tuple(e.get("loc", ())))[:1] == top]
+    return max(same_field, key=lambda e: len(_field_parts(tuple(e.get("loc", ())))))  # the first of the deepest
 
 
 def _validation_error(exc: RequestValidationError) -> APIError:
     errors = exc.errors()
     if not errors:
         return APIError(400, "invalid request body")
-    first = errors[0]
+    first = _most_specific(list(errors))
     field = _field_name(tuple(first.get("loc", ())))
     kind = first.get("type", "")
     if kind == "json_invalid":
@@ -103,6 +129,8 @@ def _validation_error(exc: RequestValidationError) -> APIError:
     message = first.get("msg", "invalid value")
     if "ctx" in first and isinstance(first["ctx"].get("error"), ParameterError):
         error = first["ctx"]["error"]
+        if error.param is None and field is not None:  # raised by a validator that cannot know where it sits
+            return APIError(400, f"{field}: {error.message}", param=field, code=error.code)
         return APIError(400, error.message, param=error.param or field, code=error.code)
     value = first.get("input")
     try:

@@ -45,6 +45,9 @@ METRIC_DOCS = {
     "the compiled grammar was reused from the cache, false when it was compiled)",
     "decoda_structured_output_compile_seconds": "time to compile a structured output's grammar, cache misses "
     "only (histogram)",
+    "decoda_structured_output_failures_total": "requests whose constraint could not go on, answered with an "
+    "error (counter; label reason: error, the grammar's own error state, or budget, its masks over their time "
+    "budget)",
     "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
     "template such as /v1/completions, or unmatched; status: the code, such as 200 or 401)",
 }
@@ -117,6 +120,9 @@ class Metrics(EngineObserver):
             "decoda_structured_output_compile_seconds", doc("decoda_structured_output_compile_seconds"),
             buckets=(0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0), registry=r,
         )  # fmt: skip
+        self.grammar_failures = Counter(
+            "decoda_structured_output_failures", doc("decoda_structured_output_failures_total"), ["reason"], registry=r
+        )
         self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
@@ -163,6 +169,9 @@ class Metrics(EngineObserver):
         self.grammar_compiles.labels("true" if cached else "false").inc()
         if not cached:
             self.grammar_seconds.observe(seconds)
+
+    def on_grammar_failed(self, reason: str) -> None:
+        self.grammar_failures.labels(reason).inc()
 
     # ---- HTTP (event loop) -------------------------------------------------------------------------
     def on_response(self, route: str, status: int) -> None:

@@ -14,10 +14,11 @@ for ``decoding`` to check against its signature.
 from __future__ import annotations
 
 from collections.abc import Sized
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import BeforeValidator, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
+from decoding import ParameterError
 from decoding.params.structured import StructuredOutput
 from server.translate.strict import Strict
 from server.translate.structured import ResponseFormat, StructuredOutputs, structured_output_of
@@ -27,6 +28,55 @@ from server.translate.watermark import WatermarkingConfigBody
 
 class StreamOptions(Strict):
     include_usage: bool = False
+    # OpenAI pads stream events against length side channels unless told not to; Decoda pads none (a hint)
+    include_obfuscation: bool | None = None
+
+
+# OpenAI's limits on metadata: 16 pairs, keys of at most 64 characters, string values of at most 512
+METADATA_PAIRS, METADATA_KEY_CHARS, METADATA_VALUE_CHARS = 16, 64, 512
+
+
+def _metadata_within_limits(value: Any) -> Any:  # noqa: ANN401
+    """OpenAI's limits, said in words before the schema's own constraints would say them in pydantic's."""
+    if not isinstance(value, dict):
+        return value
+    if len(value) > METADATA_PAIRS:
+        raise ParameterError(f"metadata holds at most {METADATA_PAIRS} pairs, got {len(value)}", param="metadata")
+    for key, item in value.items():
+        if len(key) > METADATA_KEY_CHARS:
+            raise ParameterError(f"metadata keys are at most {METADATA_KEY_CHARS} characters, got {key[:20]!r}... "
+                                 f"({len(key)} characters)", param="metadata")  # fmt: skip
+        if isinstance(item, str) and len(item) > METADATA_VALUE_CHARS:
+            raise ParameterError(f"metadata values are at most {METADATA_VALUE_CHARS} characters; {key!r} has "
+                                 f"{len(item)}", param="metadata")  # fmt: skip
+    return value
+
+
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=METADATA_KEY_CHARS)], Annotated[str, Field(max_length=METADATA_VALUE_CHARS)]],
+    Field(max_length=METADATA_PAIRS),
+    BeforeValidator(_metadata_within_limits),
+]
+
+
+class PromptCacheOptions(Strict):
+    mode: Literal["implicit", "explicit"] | None = None
+    ttl: Literal["30m"] | None = None
+
+
+class RequestHints(Strict):
+    """OpenAI's fields about a request rather than its tokens (its Chat Completions and Responses APIs
+    define them; legacy Completions does not): each is checked as OpenAI checks it and none changes
+    what is generated, so a client that always sends them is served, and nothing it asked for is
+    silently dropped: each says below why it has nothing to do here."""
+
+    store: bool | None = None  # a no-op: Decoda keeps no completions (nothing to list, distil or evaluate later)
+    metadata: Metadata | None = None  # tags for a stored completion: checked, and kept nowhere (see store)
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None  # one tier here
+    prompt_cache_key: str | None = None  # a hint: the prefix cache matches a prompt's tokens, whoever sent them
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # a hint: cached blocks live until evicted
+    prompt_cache_options: PromptCacheOptions | None = None  # a hint, as above
+    safety_identifier: str | None = None  # like ``user``: an end user's id for OpenAI's abuse checks; unused
 
 
 class GenerationFields(Strict):

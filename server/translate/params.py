@@ -184,21 +184,17 @@ def with_context_default(params: GenerationParams, room: int) -> GenerationParam
 
 # ---- the body's constraint and tools -----------------------------------------------------------------
 def _constraint(body: GenerationFields) -> tuple[StructuredOutput | None, bool]:
-    """(the reply's one constraint, whether tools are offered): "required" or a named function
-    constrains the reply to calls, which no other constraint can be combined with."""
+    """(the reply's one constraint, whether tools are offered): offered tools constrain every call the
+    reply makes (``server.translate.tools``); the body's own constraint then shapes a reply that calls
+    nothing, where the tool choice lets the model answer at all."""
     structured = body.structured_output()
     tool_use = body.tool_use()
     if tool_use is None:
         return structured, False
     tool_use.check()
-    grammar = tool_use.grammar()
-    if grammar is not None and structured is not None:
-        raise ParameterError(
-            f"tool_choice {tool_use.describe_choice()} constrains the reply to tool calls; it cannot be combined "
-            f"with {structured.param}",
-            param="tool_choice",
-        )
-    return grammar or structured, bool(tool_use.offered())
+    if not tool_use.offered():
+        return structured, False
+    return tool_use.grammar(answer=structured), True
 
 
 # ---- the other fields, by family ---------------------------------------------------------------------

@@ -12,7 +12,7 @@ that does not compile is a 400 naming ``response_format`` or ``structured_output
 from __future__ import annotations
 
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field
 
@@ -22,9 +22,14 @@ from server.translate.strict import Strict
 
 ANY_OBJECT: dict[str, Any] = {"type": "object"}  # json_object: any JSON object, as OpenAI's JSON mode
 
+# OpenAI's rule for a schema's or a function's name (tools and tool_choice share it): a 400 naming the
+# field, the pattern and the value, and /openapi.json states it
+OPENAI_NAME_PATTERN = r"^[a-zA-Z0-9_-]{1,64}$"
+OpenAIName = Annotated[str, Field(pattern=OPENAI_NAME_PATTERN)]
+
 
 class JsonSchemaFormat(Strict):
-    name: str
+    name: OpenAIName
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: bool | None = None  # OpenAI's: objects admit only the properties they name (closed_objects)
     description: str | None = None

@@ -22,15 +22,19 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from decoding import ParameterError
+from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
 from server.translate.strict import Strict
+from server.translate.structured import OpenAIName, closed_objects
+
+OPEN, CLOSE = "<tool_call>", "</tool_call>"  # the Hermes call tags (server.output.tool_parser reads them)
 
 # the call's JSON written compactly, as the template shows it: free whitespace lets a small model loop
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 class FunctionDefinition(Strict):
-    name: str
+    name: OpenAIName
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
@@ -42,7 +46,7 @@ class Tool(Strict):
 
 
 class FunctionName(Strict):
-    name: str
+    name: OpenAIName
 
 
 class NamedToolChoice(Strict):
@@ -75,6 +79,7 @@ class ToolUse:
                 f"tool_choice names function '{self.choice.function.name}', which is not among the tools {names}",
                 param="tool_choice",
             )
+        check_size("tool_definitions", json.dumps(self.template_json() or []), "tools")  # what the grammar holds
 
     def offered(self) -> list[Tool]:
         """The tools the model sees and whose calls are parsed (none with tool_choice "none")."""
@@ -84,32 +89,83 @@ class ToolUse:
         """The offered tools as chat templates take them (OpenAI's JSON); None when none are offered."""
         return [tool.model_dump(exclude_none=True) for tool in self.offered()] or None
 
-    def grammar(self) -> StructuredOutput | None:
-        """The reply's constraint: calls only for "required" or a named function; None under "auto"."""
-        return call_grammar(self.offered(), self.choice, self.parallel)
+    def grammar(self, answer: StructuredOutput | None = None) -> StructuredOutput | None:
+        """The reply's constraint whenever tools are offered (``call_grammar``); None with "none".
+        ``answer``: the request's own constraint (``response_format``), which under "auto" is the
+        shape of a reply that calls nothing; with "required" or a named function it cannot apply."""
+        if answer is None:
+            return call_grammar(self.offered(), self.choice, self.parallel)
+        if self.choice not in (None, "auto"):
+            raise ParameterError(f"tool_choice {self.describe_choice()} constrains the reply to tool calls; it "
+                                 f"cannot be combined with {answer.param}", param="tool_choice")  # fmt: skip
+        if answer.kind != "json":
+            raise ParameterError(f"{answer.param} {answer.kind} cannot be combined with tools; a reply is either "
+                                 "a JSON answer or tool calls (use a JSON schema)", param=answer.param)  # fmt: skip
+        return call_grammar(self.offered(), self.choice, self.parallel, answer=answer.value)
 
     def describe_choice(self) -> str:
         return self.choice if isinstance(self.choice, str) else "naming a function"
 
 
-def call_grammar(tools: list[Tool], tool_choice: ToolChoice | None, parallel: bool) -> StructuredOutput | None:
-    """The constraint for "required" (any tool; several calls when ``parallel``) or a named function."""
+def call_grammar(
+    tools: list[Tool], tool_choice: ToolChoice | None, parallel: bool, answer: dict[str, Any] | None = None
+) -> StructuredOutput | None:
+    """The grammar of a reply that may call ``tools``.
+
+    "required": calls only (several when ``parallel``); a named function: exactly one call of it;
+    "auto" (or no choice): free text until the model writes the call tag, then a call that names an
+    offered tool with arguments valid for its ``parameters`` (llguidance's lazy lexeme: the text
+    lexeme ends at the first ``<tool_call>``, as llama.cpp's lazy grammars are triggered by it),
+    then text again, or nothing more when ``parallel`` is false (at most one call). With
+    ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict mode).
+    ``answer`` (a JSON schema, under "auto"): the reply is either calls (the tag first) or that JSON.
+    """
+    if not tools or tool_choice == "none":
+        return None
     if isinstance(tool_choice, NamedToolChoice):
         chosen = [tool for tool in tools if tool.function.name == tool_choice.function.name]
-    elif tool_choice == "required":
-        chosen = tools
     else:
-        return None
+        chosen = tools
+    if tool_choice in (None, "auto"):
+        return _auto_grammar(chosen, parallel) if answer is None else _calls_or_answer(chosen, parallel, answer)
     alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
     repeat = ' ("\\n" call)*' if parallel and tool_choice == "required" else ""
     lines = [f"start: call{repeat}", f"call: {alternatives}"]
     for i, tool in enumerate(chosen):
-        lines.append(f'call_{i}: "<tool_call>\\n" %json {json.dumps(_call_schema(tool))} "\\n</tool_call>"')
-    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tool_choice")
+        lines.append(f'call_{i}: "{OPEN}\\n" %json {json.dumps(_call_schema(tool))} "\\n{CLOSE}"')
+    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tool_choice", size_limit="tool_grammar")
+
+
+def _auto_grammar(tools: list[Tool], parallel: bool) -> StructuredOutput:
+    alternatives = " | ".join(f"arguments_{i}" for i in range(len(tools)))
+    lines = [
+        "start: call* TEXT" if parallel else "start: TEXT | call",
+        "TEXT: /(.|\\n)*/",
+        f'call: text_then_tag "\\n" ({alternatives}) "\\n{CLOSE}"',
+        f'text_then_tag[lazy]: TEXT "{OPEN}"',
+    ]
+    for i, tool in enumerate(tools):
+        lines.append(f"arguments_{i}: %json {json.dumps(_call_schema(tool))}")
+    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tools", size_limit="tool_grammar")
+
+
+def _calls_or_answer(tools: list[Tool], parallel: bool, answer: dict[str, Any]) -> StructuredOutput:
+    alternatives = " | ".join(f"arguments_{i}" for i in range(len(tools)))
+    lines = [
+        'start: calls | answer',
+        'calls: call ("\\n" call)*' if parallel else "calls: call",
+        f'call: "{OPEN}\\n" ({alternatives}) "\\n{CLOSE}"',
+        f"answer: %json {json.dumps({'x-guidance': _JSON_STYLE, **answer})}",
+    ]
+    for i, tool in enumerate(tools):
+        lines.append(f"arguments_{i}: %json {json.dumps(_call_schema(tool))}")
+    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tools", size_limit="tool_grammar")
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:
     parameters = tool.function.parameters or {"type": "object", "properties": {}}
+    if tool.function.strict:
+        parameters = closed_objects(parameters)
     return {
         "x-guidance": _JSON_STYLE,
         "type": "object",

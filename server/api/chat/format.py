@@ -9,17 +9,25 @@ only wraps each choice's pieces in chunk envelopes.
 
 from __future__ import annotations
 
-from decoding import RequestOutput, SequenceDelta, TokenLogprob
+from decoding import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from server.output.collect import ChoiceState, Collected
 from server.output.envelope import Envelope
 from server.output.logprobs import chat_logprobs
-from server.output.tool_parser import ToolCall, parse_whole
+from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
+
+LENGTH = FinishReason.LENGTH.value
+
+
+def finish_reason_of(reason: str | None, num_calls: int) -> str | None:
+    """OpenAI's: ``tool_calls`` when the reply made calls, unless it was cut short (``length`` tells
+    the client the reply is incomplete; an unfinished call is dropped, never reported)."""
+    return "tool_calls" if num_calls and reason != LENGTH else reason
 
 
 class ChoiceStream:
     """One chat choice as it streams; ``pieces`` turns one engine delta into the choice objects to send."""
 
-    def __init__(self, index: int, tool_parser: type | None, return_token_ids: bool) -> None:
+    def __init__(self, index: int, tool_parser: ParserFactory | None, return_token_ids: bool) -> None:
         self.index = index
         self.parser = tool_parser() if tool_parser is not None else None
         self.return_token_ids = return_token_ids
@@ -40,8 +48,7 @@ class ChoiceStream:
             pieces.append(self._piece(content))
         pieces.extend(self._call_pieces(calls))
         if delta.finish_reason is not None:
-            reason = "tool_calls" if self.num_calls else delta.finish_reason.value
-            final = self._piece({}, finish_reason=reason)
+            final = self._piece({}, finish_reason=finish_reason_of(delta.finish_reason.value, self.num_calls))
             if delta.sequence_score is not None:
                 final["sequence_score"] = delta.sequence_score
             pieces.append(final)
@@ -53,7 +60,7 @@ class ChoiceStream:
             return delta.text, []
         text, calls = self.parser.feed(delta.text)
         if delta.finish_reason is not None:
-            rest, more = self.parser.finish()
+            rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
             text, calls = text + rest, calls + more
         return text, calls
 
@@ -85,10 +92,10 @@ class ChatFormat(Envelope):
     chunk_object = "chat.completion.chunk"
 
     def __init__(
-        self, request_id: str, model: str, n: int, *, logprobs: bool = False, tool_parser: type | None = None,
-        **options: bool,
+        self, request_id: str, model: str, n: int, *, logprobs: bool = False,
+        tool_parser: ParserFactory | None = None, **options: bool,
     ) -> None:  # fmt: skip
-        """``tool_parser``: a ``server.output.tool_parser`` stream class when the request offered tools."""
+        """``tool_parser``: makes a ``server.output.tool_parser`` stream when the request offered tools."""
         super().__init__(request_id, model, n, **options)
         self.logprobs = logprobs
         self.tool_parser = tool_parser
@@ -110,14 +117,14 @@ class ChatFormat(Envelope):
         choices = []
         for index in range(self.n):
             state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
-            message: dict = {"role": "assistant", "content": state.text}
+            message: dict = {"role": "assistant", "content": state.text, "refusal": None}
             finish_reason = state.finish_reason
             if self.tool_parser is not None:
-                content, calls = parse_whole(state.text, self.tool_parser)
+                content, calls = parse_whole(state.text, self.tool_parser, truncated=finish_reason == LENGTH)
+                message["content"] = content
                 if calls:
-                    message = {"role": "assistant", "content": content,
-                               "tool_calls": [call.as_json() for call in calls]}  # fmt: skip
-                    finish_reason = "tool_calls"
+                    message["tool_calls"] = [call.as_json() for call in calls]
+                finish_reason = finish_reason_of(finish_reason, len(calls))
             choice = {
                 "index": index,
                 "message": message,

@@ -1,5 +1,12 @@
 """The ``/v1/chat/completions`` body: messages for the chat template, chat's logprobs, OpenAI's tools.
 
+Every field OpenAI defines for chat is known (a body from any client parses, or is a 400 naming the
+field): honoured, accepted as the hint OpenAI documents it to be (``RequestHints``, and here
+``reasoning_effort``, ``verbosity``, ``prediction``; each comment says why it has nothing to do
+here), or refused because a text-only model cannot do it (``audio``, ``modalities`` with audio,
+``web_search_options``, ``moderation``). The legacy ``functions`` / ``function_call`` are read as
+``tools`` / ``tool_choice``. The messages themselves are ``server.api.chat.messages``.
+
 Its translation is the shared one (``server.translate.params``) with chat's default length, what
 the context leaves after the rendered prompt (``with_context_default``, once the template ran), and
 its tools as a ``ToolUse``. Every text the template renders (contents, names, tool-call arguments,
@@ -10,72 +17,47 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sized
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field, model_validator
 
 from decoding import GenerationParams, ParameterError
-from server.translate.fields import GenerationFields
+from server.api.chat.messages import TEXT_ONLY, ChatMessage, TextPart
+from server.translate.fields import GenerationFields, RequestHints
 from server.translate.params import to_params
 from server.translate.strict import Strict
-from server.translate.tools import Tool, ToolChoice, ToolUse
+from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
 
 
-class TextPart(Strict):
-    type: Literal["text"]
-    text: str
+def _refused(what: str, reason: str) -> Any:  # noqa: ANN401
+    """A field this server cannot honour: null, or a 400 naming it that says why (its schema: null)."""
+
+    def refuse(value: Any) -> None:  # noqa: ANN401
+        if value is not None:
+            raise ParameterError(f"this server does not support {what}: {reason}")
+
+    return Annotated[None, BeforeValidator(refuse)]
 
 
-class CalledFunction(Strict):
-    name: str
-    arguments: str  # a JSON object, as OpenAI sends it
+def _text_modality(value: Any) -> Any:  # noqa: ANN401
+    if isinstance(value, list) and "audio" in value:
+        raise ParameterError(f'{TEXT_ONLY}: modalities may only be ["text"], got {json.dumps(value)}')
+    return value
 
 
-class MessageToolCall(Strict):
-    id: str
-    type: Literal["function"]
-    function: CalledFunction
+NoAudioOutput = _refused("audio output", "it serves a text-only model")
+NoWebSearch = _refused("web search", "offer a search function in tools and run it yourself")
+NoModeration = _refused("moderation", "it runs no moderation model")
 
 
-class ChatMessage(Strict):
-    role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: str | list[TextPart] | None = None
-    name: str | None = None
-    tool_calls: list[MessageToolCall] | None = None  # an assistant turn that called tools
-    tool_call_id: str | None = None  # a tool turn: which call it answers
+class PredictionContent(Strict):
+    """OpenAI's Predicted Outputs: text the reply is expected to mostly repeat."""
 
-    def as_template_message(self, index: int) -> dict[str, Any]:
-        """The message as chat templates take it (arguments as objects, as HF's templates expect)."""
-        param = f"messages[{index}]"
-        if self.role == "tool" and not self.tool_call_id:
-            raise ParameterError(f"{param}: a tool message needs tool_call_id", param="messages")
-        if self.tool_calls and self.role != "assistant":
-            raise ParameterError(f"{param}: only an assistant message carries tool_calls", param="messages")
-        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
-        if self.tool_call_id is not None:
-            out["tool_call_id"] = self.tool_call_id
-        if self.tool_calls:
-            out["tool_calls"] = [
-                {"id": call.id, "type": "function",
-                 "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments, param)}}
-                for call in self.tool_calls
-            ]  # fmt: skip
-        return out
-
-    def text(self) -> str:
-        if self.content is None:
-            return ""
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
-
-    def rendered_texts(self) -> list[str]:
-        """Everything of this message the template writes out."""
-        calls = [text for call in self.tool_calls or [] for text in (call.function.name, call.function.arguments)]
-        return [self.text(), *([self.name] if self.name else []), *calls]
+    type: Literal["content"]
+    content: str | list[TextPart]
 
 
-class ChatCompletionRequest(GenerationFields):
+class ChatCompletionRequest(GenerationFields, RequestHints):
     messages: list[ChatMessage] = Field(default_factory=list)
     max_completion_tokens: int | None = None
     logprobs: bool = False
@@ -83,6 +65,33 @@ class ChatCompletionRequest(GenerationFields):
     tools: list[Tool] | None = None
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # legacy function calling (OpenAI's before tools): tools of type function and their tool_choice
+    functions: list[FunctionDefinition] | None = None
+    function_call: Literal["none", "auto"] | FunctionName | None = None
+    # hints, accepted as OpenAI documents them and changing nothing here:
+    # - reasoning_effort: for reasoning models; the served model has no separate reasoning phase to bound
+    # - verbosity: a model trained to follow it is not served here; max_tokens bounds a reply's length
+    # - prediction: a speed hint (the reply is the same without it); prompt lookup decoding
+    #   (prompt_lookup_num_tokens) drafts from the conversation's own text
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None
+    prediction: PredictionContent | None = None
+    modalities: Annotated[list[Literal["text"]], BeforeValidator(_text_modality)] | None = None
+    # refused unless null
+    audio: NoAudioOutput = None
+    web_search_options: NoWebSearch = None
+    moderation: NoModeration = None
+
+    @model_validator(mode="after")
+    def _tools_or_legacy_functions(self) -> ChatCompletionRequest:
+        """One spelling of tool use per body: mixed, one half would go unread."""
+        legacy = [name for name in ("functions", "function_call") if getattr(self, name) is not None]
+        current = [name for name in ("tools", "tool_choice", "parallel_tool_calls") if getattr(self, name) is not None]
+        if legacy and current:
+            message = (f"give tools, tool_choice and parallel_tool_calls or the legacy functions and function_call, "
+                       f"not both: got {legacy[0]} with {current[0]}")  # fmt: skip
+            raise ParameterError(message, param=legacy[0])
+        return self
 
     def params(self, model_defaults: dict[str, Any] | None, max_model_len: int = 1 << 30) -> GenerationParams:
         """Validated params; the default length stands for the context's room until the prompt is
@@ -92,6 +101,8 @@ class ChatCompletionRequest(GenerationFields):
         )
 
     def tool_use(self) -> ToolUse | None:
+        if self.functions is not None or self.function_call is not None:
+            return _legacy_tool_use(self.functions or [], self.function_call)
         if self.tools is None and self.tool_choice is None:
             return None
         return ToolUse(list(self.tools or []), self.tool_choice, self.parallel_tool_calls is not False)
@@ -101,7 +112,8 @@ class ChatCompletionRequest(GenerationFields):
         return tool_use.template_json() if tool_use else None
 
     def sized_lists(self) -> dict[str, Sized | None]:
-        return {"messages": self.messages, "tools": self.tools}  # the template renders the tools with them
+        tools = self.tools if self.functions is None else self.functions  # the template renders them with the messages
+        return {"messages": self.messages, "tools": tools}
 
     def rendered_texts(self) -> dict[str, list[str]]:
         texts = [text for message in self.messages for text in message.rendered_texts()]
@@ -121,9 +133,20 @@ class ChatCompletionRequest(GenerationFields):
         return self.top_logprobs or 0
 
 
-def _arguments(text: str, param: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as error:
-        message = f"{param}: tool_calls arguments must be a JSON object: {error}"
-        raise ParameterError(message, param="messages") from error
+def _legacy_tool_use(functions: list[FunctionDefinition], function_call: str | FunctionName | None) -> ToolUse:
+    """OpenAI's function calling before tools: each function a tool of type function, ``function_call``
+    the tool_choice, and one call per reply, as that API returned (errors name the legacy fields)."""
+    names = [function.name for function in functions]
+    if len(set(names)) != len(names):
+        raise ParameterError(f"functions: names must be unique, got {names}", param="functions")
+    if function_call not in (None, "none") and not names:
+        raise ParameterError("function_call needs functions", param="function_call")
+    choice: ToolChoice | None
+    if isinstance(function_call, FunctionName):
+        if function_call.name not in names:
+            raise ParameterError(f"function_call names function '{function_call.name}', which is not among the "
+                                 f"functions {names}", param="function_call")  # fmt: skip
+        choice = NamedToolChoice(type="function", function=function_call)
+    else:
+        choice = function_call
+    return ToolUse([Tool(type="function", function=function) for function in functions], choice, False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
@@ -28,7 +29,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         params = with_context_default(params, client.max_model_len - len(prompt_ids))
     params = await admitted(client, params, [prompt_ids], "messages")
     tool_use = body.tool_use()
-    parser = PARSERS[request.app.state.settings.tool_call_parser] if tool_use and tool_use.offered() else None
+    offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []
+    parser_class = PARSERS[request.app.state.settings.tool_call_parser]
+    parser = partial(parser_class, offered) if offered else None  # a call naming another tool stays content
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
                      return_token_ids=body.return_token_ids, include_usage=body.include_usage,
                      tool_parser=parser)  # fmt: skip

@@ -74,6 +74,8 @@ export const FIELDS = {
   tool_choice: { kind: "select", value: "",
     options: [["", "default (auto)"], ["auto", "auto"], ["required", "required"], ["none", "none"]],
     help: "required: the reply is a call (constrained to the tools' schemas)" },
+  parallel_tool_calls: { kind: "select", value: "", options: [["", "default (true)"], ["true", "true"], ["false", "false"]],
+    help: "false: at most one call per reply" },
   wm_context_width: { nest: "watermarking_config", name: "context_width", kind: "number", value: "", placeholder: "1", help: "previous tokens that seed it" },
 };
 
@@ -139,7 +141,7 @@ export const OPTIONAL_GROUPS = [
     fields: ["guidance_scale", "negative_prompt"] },
   { id: "response_format", title: "Response format (JSON schema)", requiresField: "response_format",
     fields: ["response_schema"] },
-  { id: "tools", title: "Tools", requiresField: "tools", fields: ["tools", "tool_choice"] },
+  { id: "tools", title: "Tools", requiresField: "tools", fields: ["tools", "tool_choice", "parallel_tool_calls"] },
   { id: "watermark", title: "Watermark", requires: "/v1/watermark/detect", probe: false,
     fields: ["watermark", "wm_greenlist_ratio", "wm_bias", "wm_hashing_key", "wm_seeding_scheme", "wm_context_width"] },
 ];
