@@ -182,7 +182,6 @@ HINTS = {
     "store": True, "metadata": {"user_tier": "gold"}, "service_tier": "flex", "prompt_cache_key": "conversation-7",
     "prompt_cache_retention": "24h", "prompt_cache_options": {"mode": "implicit", "ttl": "30m"},
     "safety_identifier": "user-42", "verbosity": "low", "reasoning_effort": "minimal", "modalities": ["text"],
-    "prediction": {"type": "content", "content": [{"type": "text", "text": "hello world"}]},
     "stream_options": {"include_usage": True, "include_obfuscation": False}, "audio": None,
     "web_search_options": None, "moderation": None,
 }  # fmt: skip
@@ -195,8 +194,18 @@ def test_openais_hints_are_accepted_and_change_nothing_generated():
     assert (plain.status_code, hinted.status_code) == (200, 200), hinted.text
     (_, plain_ids, plain_params), (_, hinted_ids, hinted_params) = engine.submitted
     assert (hinted_ids, hinted_params) == (plain_ids, plain_params)
-    other_hints = {"store": False, "prediction": {"type": "content", "content": "hi"}}
-    assert chat({"messages": [ASK], **other_hints}).status_code == 200
+    assert chat({"messages": [ASK], "store": False}).status_code == 200
+
+
+def test_a_prediction_is_the_draft_prompt_lookup_searches_first():
+    engine = FakeEngineClient()
+    prediction = {"type": "content", "content": [{"type": "text", "text": "hello "}, {"type": "text", "text": "world"}]}
+    assert chat({"messages": [ASK], "prediction": prediction}, engine).status_code == 200
+    ((_, _, params),) = engine.submitted
+    assert params.prompt_lookup_num_tokens == 10 and params.prediction is None
+    assert params.prediction_ids and params.prediction_ids == engine._words("hello world")
+    error = refused({"messages": [ASK], "prediction": prediction, "num_beams": 2})
+    assert error["param"] == "prediction" and "num_beams" in error["message"]
 
 
 @pytest.mark.parametrize(

@@ -97,6 +97,25 @@ def test_seeded_sampling_with_prompt_lookup_draws_what_plain_sampling_draws(mode
     assert counting.drafted.get("prompt_lookup", 0) > 0
 
 
+def test_a_prediction_drafts_first_and_leaves_the_output_unchanged(model, smollm2_tokenizer):
+    """OpenAI's Predicted Outputs: prompt lookup searches ``prediction_ids`` before the row's own tokens.
+    Given the reply itself as the prediction, most drafts are accepted; given nothing useful, the reply
+    is still plain greedy's."""
+    prompt = list(range(30, 42))  # no repeats: the prompt alone drafts nothing
+    h, _ = harness(model, smollm2_tokenizer)
+    h.add("plain", prompt, GenerationParams(max_new_tokens=40))
+    h.run()
+    expected = h.token_ids("plain")
+    for prediction in (expected, [7, 8, 9]):
+        h, counting = harness(model, smollm2_tokenizer)
+        params = GenerationParams(max_new_tokens=40, prompt_lookup_num_tokens=10, prediction_ids=list(prediction))
+        h.add("predicted", prompt, params)
+        h.run()
+        assert h.token_ids("predicted") == expected
+        if prediction == expected:
+            assert counting.accepted["prompt_lookup"] >= len(expected) // 2
+
+
 def test_seeded_speculative_sampling_reproduces_alone_and_in_a_crowd(model, stranger, smollm2_tokenizer):
     sampling = dict(max_new_tokens=24, do_sample=True, temperature=0.7, top_k=20, seed=3)
     results = []

@@ -139,6 +139,27 @@ def test_a_reply_cut_mid_call_says_length_and_drops_the_unfinished_call():
         assert len(calls) == 1 and reason == "length"
 
 
+def test_a_legacy_functions_request_gets_its_call_as_function_call():
+    """OpenAI's old function calling answers ``message.function_call`` and ``finish_reason:
+    "function_call"``, streamed as ``delta.function_call`` pieces: a client of that API reads them."""
+    text = "Ok. " + CALL
+    streamed, whole, collected, chunks = (ChatFormat("id", "m", 1, tool_parser=HermesStream, legacy_functions=True),
+                                          ChatFormat("id", "m", 1, tool_parser=HermesStream, legacy_functions=True),
+                                          Collected(), [])  # fmt: skip
+    for i, piece in enumerate((text[:9], text[9:])):
+        delta = SequenceDelta(index=0, text=piece, token_ids=[i], finish_reason=FinishReason.STOP if i else None)
+        output = RequestOutput("r", deltas=[delta])
+        chunks += streamed.chunks(0, output)
+        collected.add(output)
+    choice = whole.body([collected])["choices"][0]
+    assert choice["finish_reason"] == "function_call" and "tool_calls" not in choice["message"]
+    assert choice["message"]["function_call"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    pieces = [c["choices"][0]["delta"]["function_call"] for c in chunks if "function_call" in c["choices"][0]["delta"]]
+    assert pieces[0] == {"name": "get_weather", "arguments": ""}
+    assert "".join(p["arguments"] for p in pieces) == '{"city": "Oslo"}'
+    assert chunks[-1]["choices"][0]["finish_reason"] == "function_call"
+
+
 def test_request_checks_name_the_field():
     cases = [
         ({"tools": [WEATHER, WEATHER]}, "tools"),

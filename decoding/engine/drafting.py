@@ -71,7 +71,9 @@ class Drafter:
                 continue
             if spec.proposer == PROMPT_LOOKUP:
                 history = job.row.sampling.history
-                spec.drafts = propose_prompt_lookup(history, count, spec.max_ngram_size, self.eos_token_ids)
+                predicted = job.row.sampling.params.prediction_ids  # OpenAI's prediction: searched first
+                source = predicted + history if predicted else history
+                spec.drafts = propose_prompt_lookup(source, count, spec.max_ngram_size, self.eos_token_ids)
             else:
                 groups.setdefault((spec.proposer, spec.early_exit_layers), []).append((job, count))
         for (proposer, exit_layers), group in groups.items():

@@ -96,6 +96,9 @@ class GenerationParams:
     guidance_scale: float | None = None  # HF: CFG is on when set and not 1 (strategies/guidance.py)
     negative_prompt_ids: list[int] | None = None  # the unconditional branch's prompt (default: prompt's last token)
     negative_prompt: str | None = None  # text the server tokenizes into negative_prompt_ids before submitting
+    # --- OpenAI's Predicted Outputs: text the reply is expected to repeat, a draft source for prompt lookup ---
+    prediction: str | None = None  # text the server tokenizes into prediction_ids before submitting
+    prediction_ids: list[int] | None = None  # searched before the row's own tokens (engine/drafting.py)
     # --- custom decoding methods (issue 11) ---
     # a request's extra fields, the method's keyword arguments (server/translate/fields.py collects them)
     custom_generate_args: dict[str, object] | None = None

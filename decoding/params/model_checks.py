@@ -71,6 +71,11 @@ def check_against_model(
     for ids in prompts:
         check_max_length(params, len(ids), prompt_param)
         check_context(len(ids), new_token_limit(params, len(ids)), facts.max_model_len, prompt_param)
+    if params.prediction_ids is not None:  # drafts are looked up in it: ids of this vocabulary, at most a context
+        _check_ids(params.prediction_ids, facts.vocab_size, "prediction")
+        if len(params.prediction_ids) > facts.max_model_len:
+            raise ParameterError(f"prediction has {len(params.prediction_ids)} tokens; at most {facts.max_model_len} "
+                                 "(the model's context)", param="prediction", code="too_long")  # fmt: skip
     if params.negative_prompt_ids is not None:  # the unconditional row holds it plus the output
         _check_ids(params.negative_prompt_ids, facts.vocab_size, "negative_prompt_ids")
         negative = len(params.negative_prompt_ids)

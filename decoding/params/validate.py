@@ -148,6 +148,11 @@ def _validate_assisted(params: GenerationParams) -> None:
         "max_matching_ngram_size",
         "max_matching_ngram_size applies to prompt lookup (prompt_lookup_num_tokens)",
     )
+    require(
+        (params.prediction is None and params.prediction_ids is None) or params.prompt_lookup_num_tokens is not None,
+        "prediction",
+        "prediction drafts for prompt lookup decoding (prompt_lookup_num_tokens)",
+    )
 
 
 def _validate_guidance(params: GenerationParams) -> None:

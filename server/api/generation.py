@@ -4,7 +4,7 @@
    tokenizer: ``server.translate.sizes``), its preset, then the one translation to validated
    ``GenerationParams`` (``server.translate.params``), then the server's default watermark.
 2. The route turns its body into prompt ids (a chat template, a tokenizer, ids as sent).
-3. ``admitted``: the negative prompt tokenized, the checks against the model (vocabulary, context,
+3. ``admitted``: the negative prompt and the prediction tokenized, the checks against the model (vocabulary, context,
    batch), the structured output compiled off the event loop.
 4. ``respond``: the caller's limit grown to the request's rows, one engine request per prompt, and
    the streams handed to ``server.output.streaming`` with the API's formatter: SSE chunks or one body.
@@ -26,6 +26,7 @@ from server.http.limits import caller_hold
 from server.output.streaming import ChunkFormat, collect_all, sse_events, until_disconnect
 from server.translate.fields import GenerationFields
 from server.translate.guidance import with_negative_prompt_ids
+from server.translate.prediction import with_prediction_ids
 from server.translate.presets import presets_of
 from server.translate.sizes import check_body_sizes
 from server.translate.watermark import with_server_watermark
@@ -68,7 +69,7 @@ async def admitted(
 ) -> GenerationParams:
     """The params the engine runs, once the prompt ids are known: checked against the model, with the
     negative prompt's ids and the compiled constraint."""
-    params = await with_negative_prompt_ids(client, params)
+    params = await with_prediction_ids(client, await with_negative_prompt_ids(client, params))
     client.check_request(params, prompts, prompt_param)
     return await client.compile_structured_output(params)  # off the event loop; a bad schema is a 400
 

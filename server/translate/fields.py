@@ -190,6 +190,10 @@ class GenerationFields(Strict):
         """The tools this body offers the model, in OpenAI's function shape (None: it offers none)."""
         return None
 
+    def prediction_text(self) -> str | None:
+        """OpenAI's Predicted Outputs: text the reply is expected to repeat (None: none given)."""
+        return None
+
     def structured_output(self) -> StructuredOutput | None:
         """The one shape the body constrains its reply to (None: free text)."""
         return structured_output_of(self.response_format, self.structured_outputs)

@@ -229,11 +229,18 @@ def _beam_arguments(body: GenerationFields, defaults: Defaults) -> dict[str, Any
 
 
 def _strategy_arguments(body: GenerationFields) -> dict[str, Any]:
-    """The knobs that select a strategy: from the request alone (a model cannot switch an OpenAI client's)."""
+    """The knobs that select a strategy: from the request alone (a model cannot switch an OpenAI client's).
+    A ``prediction`` (OpenAI's Predicted Outputs) turns on prompt lookup decoding, which drafts from it."""
+    prediction = body.prediction_text()
+    lookup = body.prompt_lookup_num_tokens
+    if prediction is not None:
+        _check_prediction(body)
+        lookup = PREDICTION_LOOKUP_TOKENS if lookup is None else lookup
     return {
+        "prediction": prediction,
         "penalty_alpha": body.penalty_alpha,
         "dola_layers": body.dola_layers,
-        "prompt_lookup_num_tokens": body.prompt_lookup_num_tokens,
+        "prompt_lookup_num_tokens": lookup,
         "max_matching_ngram_size": body.max_matching_ngram_size,
         "num_assistant_tokens": body.num_assistant_tokens,
         "num_assistant_tokens_schedule": body.num_assistant_tokens_schedule,
@@ -241,6 +248,20 @@ def _strategy_arguments(body: GenerationFields) -> dict[str, Any]:
         "assistant_early_exit": body.assistant_early_exit,
         "assistant_model": body.assistant_model,
     }
+
+
+PREDICTION_LOOKUP_TOKENS = 10  # drafts per step when a prediction turns prompt lookup on (HF's usual)
+PREDICTION_EXCLUDES = ("num_beams", "penalty_alpha", "dola_layers", "assistant_model", "assistant_early_exit",
+                       "custom_generate")  # fmt: skip
+
+
+def _check_prediction(body: GenerationFields) -> None:
+    """A prediction drafts for speculative decoding (prompt lookup); another strategy cannot take drafts."""
+    for name in PREDICTION_EXCLUDES:
+        value = getattr(body, name)
+        if value is not None and value != 1:
+            raise ParameterError(f"prediction drafts for prompt lookup decoding; it cannot be combined with {name}",
+                                 param="prediction")  # fmt: skip
 
 
 def _output_arguments(

@@ -18,16 +18,23 @@ from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
 LENGTH = FinishReason.LENGTH.value
 
 
-def finish_reason_of(reason: str | None, num_calls: int) -> str | None:
-    """OpenAI's: ``tool_calls`` when the reply made calls, unless it was cut short (``length`` tells
-    the client the reply is incomplete; an unfinished call is dropped, never reported)."""
-    return "tool_calls" if num_calls and reason != LENGTH else reason
+def finish_reason_of(reason: str | None, num_calls: int, legacy: bool = False) -> str | None:
+    """OpenAI's: ``tool_calls`` (``function_call`` for a legacy ``functions`` request) when the reply
+    made calls, unless it was cut short (``length`` tells the client the reply is incomplete; an
+    unfinished call is dropped, never reported)."""
+    if not num_calls or reason == LENGTH:
+        return reason
+    return "function_call" if legacy else "tool_calls"
 
 
 class ChoiceStream:
     """One chat choice as it streams; ``pieces`` turns one engine delta into the choice objects to send."""
 
-    def __init__(self, index: int, tool_parser: ParserFactory | None, return_token_ids: bool) -> None:
+    def __init__(
+        self, index: int, tool_parser: ParserFactory | None, return_token_ids: bool, legacy: bool = False
+    ) -> None:
+        """``legacy``: the request used OpenAI's ``functions``: its one call is ``function_call``."""
+        self.legacy = legacy
         self.index = index
         self.parser = tool_parser() if tool_parser is not None else None
         self.return_token_ids = return_token_ids
@@ -48,7 +55,8 @@ class ChoiceStream:
             pieces.append(self._piece(content))
         pieces.extend(self._call_pieces(calls))
         if delta.finish_reason is not None:
-            final = self._piece({}, finish_reason=finish_reason_of(delta.finish_reason.value, self.num_calls))
+            reason = finish_reason_of(delta.finish_reason.value, self.num_calls, self.legacy)
+            final = self._piece({}, finish_reason=reason)
             if delta.sequence_score is not None:
                 final["sequence_score"] = delta.sequence_score
             pieces.append(final)
@@ -72,7 +80,7 @@ class ChoiceStream:
             self.num_calls += 1
             head = {"index": k, "id": call.id, "type": "function", "function": {"name": call.name, "arguments": ""}}
             for part in (head, {"index": k, "function": {"arguments": call.arguments}}):
-                pieces.append(self._piece({"tool_calls": [part]}))
+                pieces.append(self._piece(_legacy_piece(part) if self.legacy else {"tool_calls": [part]}))
         return pieces
 
     def _piece(self, delta: dict, finish_reason: str | None = None) -> dict:
@@ -85,6 +93,11 @@ class ChoiceStream:
                 "finish_reason": finish_reason}  # fmt: skip
 
 
+def _legacy_piece(part: dict) -> dict:
+    """A streamed call piece in the legacy shape: ``{"function_call": {"name", "arguments"}}``."""
+    return {"function_call": dict(part["function"])}
+
+
 class ChatFormat(Envelope):
     """``/v1/chat/completions``: chunks of each choice's stream, or the whole message per choice."""
 
@@ -93,12 +106,14 @@ class ChatFormat(Envelope):
 
     def __init__(
         self, request_id: str, model: str, n: int, *, logprobs: bool = False,
-        tool_parser: ParserFactory | None = None, **options: bool,
+        tool_parser: ParserFactory | None = None, legacy_functions: bool = False, **options: bool,
     ) -> None:  # fmt: skip
-        """``tool_parser``: makes a ``server.output.tool_parser`` stream when the request offered tools."""
+        """``tool_parser``: makes a ``server.output.tool_parser`` stream when the request offered tools;
+        ``legacy_functions``: it offered them as OpenAI's old ``functions`` (replies in that shape)."""
         super().__init__(request_id, model, n, **options)
         self.logprobs = logprobs
         self.tool_parser = tool_parser
+        self.legacy = legacy_functions
         self._choices: dict[int, ChoiceStream] = {}
 
     def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
@@ -108,7 +123,7 @@ class ChatFormat(Envelope):
             stream = self._choices.get(delta.index)
             if stream is None:
                 stream = self._choices[delta.index] = ChoiceStream(delta.index, self.tool_parser,
-                                                                   self.return_token_ids)  # fmt: skip
+                                                                   self.return_token_ids, self.legacy)  # fmt: skip
             chunks.extend(self._chunk([piece]) for piece in stream.pieces(delta))
         return chunks
 
@@ -122,9 +137,11 @@ class ChatFormat(Envelope):
             if self.tool_parser is not None:
                 content, calls = parse_whole(state.text, self.tool_parser, truncated=finish_reason == LENGTH)
                 message["content"] = content
-                if calls:
+                if calls and self.legacy:  # one call at most: the legacy API had no parallel calls
+                    message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}
+                elif calls:
                     message["tool_calls"] = [call.as_json() for call in calls]
-                finish_reason = finish_reason_of(finish_reason, len(calls))
+                finish_reason = finish_reason_of(finish_reason, len(calls), self.legacy)
             choice = {
                 "index": index,
                 "message": message,

@@ -1,9 +1,10 @@
 """The ``/v1/chat/completions`` body: messages for the chat template, chat's logprobs, OpenAI's tools.
 
 Every field OpenAI defines for chat is known (a body from any client parses, or is a 400 naming the
-field): honoured, accepted as the hint OpenAI documents it to be (``RequestHints``, and here
-``reasoning_effort``, ``verbosity``, ``prediction``; each comment says why it has nothing to do
-here), or refused because a text-only model cannot do it (``audio``, ``modalities`` with audio,
+field): honoured (``prediction``, OpenAI's Predicted Outputs: the draft prompt lookup decoding
+searches first), accepted as the hint OpenAI documents it to be (``RequestHints``, and here
+``reasoning_effort``, ``verbosity``; each comment says why it has nothing to do here), or refused
+because a text-only model cannot do it (``audio``, ``modalities`` with audio,
 ``web_search_options``, ``moderation``). The legacy ``functions`` / ``function_call`` are read as
 ``tools`` / ``tool_choice``. The messages themselves are ``server.api.chat.messages``.
 
@@ -71,11 +72,9 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
     # hints, accepted as OpenAI documents them and changing nothing here:
     # - reasoning_effort: for reasoning models; the served model has no separate reasoning phase to bound
     # - verbosity: a model trained to follow it is not served here; max_tokens bounds a reply's length
-    # - prediction: a speed hint (the reply is the same without it); prompt lookup decoding
-    #   (prompt_lookup_num_tokens) drafts from the conversation's own text
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
-    prediction: PredictionContent | None = None
+    prediction: PredictionContent | None = None  # honoured: prompt lookup drafts from it (server.translate.params)
     modalities: Annotated[list[Literal["text"]], BeforeValidator(_text_modality)] | None = None
     # refused unless null
     audio: NoAudioOutput = None
@@ -118,7 +117,15 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
     def rendered_texts(self) -> dict[str, list[str]]:
         texts = [text for message in self.messages for text in message.rendered_texts()]
         tools = self.template_tools()
-        return {"messages": texts + ([json.dumps(tools)] if tools else []), **super().rendered_texts()}
+        predicted = self.prediction_text()
+        return {"messages": texts + ([json.dumps(tools)] if tools else []), **super().rendered_texts(),
+                **({"prediction": [predicted]} if predicted is not None else {})}  # fmt: skip
+
+    def prediction_text(self) -> str | None:
+        if self.prediction is None:
+            return None
+        content = self.prediction.content
+        return content if isinstance(content, str) else "".join(part.text for part in content)
 
     def messages_or_error(self) -> list[dict[str, Any]]:
         if not self.messages:

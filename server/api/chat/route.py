@@ -34,5 +34,5 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     parser = partial(parser_class, offered) if offered else None  # a call naming another tool stays content
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
                      return_token_ids=body.return_token_ids, include_usage=body.include_usage,
-                     tool_parser=parser)  # fmt: skip
+                     tool_parser=parser, legacy_functions=body.functions is not None)  # fmt: skip
     return await respond(request, client, fmt, [prompt_ids], params, body.stream)
