@@ -140,7 +140,8 @@ def tiny_model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.skipif(SCHEMATHESIS is None, reason="schemathesis is not installed (pip install -e '.[test]')")
 def test_schemathesis_with_all_checks_passes_against_a_live_server(tiny_model_folder, tmp_path):
     base, proc = start_server("--model", str(tiny_model_folder), "--max-model-len", "64", "--max-num-seqs", "4",
-                              "--api-key", KEY, "--num-threads", "1", log=tmp_path / "server.log")  # fmt: skip
+                              "--api-key", KEY, "--num-threads", "1", "--responses-store", f"sqlite:///{tmp_path}/responses.db",
+                              log=tmp_path / "server.log")  # fmt: skip
     try:
         result = subprocess.run(
             [SCHEMATHESIS, "--config-file", str(CONFIG), "run", f"{base}/openapi.json",

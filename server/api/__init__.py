@@ -20,6 +20,8 @@ from server.api.chat import protocol as chat_protocol
 from server.api.chat import route as chat_route
 from server.api.completions import protocol as completions_protocol
 from server.api.completions import route as completions_route
+from server.api.responses import protocol as responses_protocol
+from server.api.responses import route as responses_route
 from server.api.watermark import route as watermark_route
 
 GENERATION_ERRORS = ("400", "401", "404", "413", "429", "500", "503")
@@ -40,6 +42,10 @@ APIS: tuple[Api, ...] = (
         (completions_protocol.CompletionRequest,)),
     Api(chat_route.router, {"/v1/chat/completions": GENERATION_ERRORS},
         (chat_protocol.ChatCompletionRequest,), (("ChatCompletionRequest", "messages"),)),
+    Api(responses_route.router, {"/v1/responses": GENERATION_ERRORS,
+                                 "/v1/responses/{response_id}": ("400", "401", "404", "429", "500"),
+                                 "/v1/responses/{response_id}/input_items": ("400", "401", "404", "429", "500")},
+        (responses_protocol.ResponsesRequest,)),
     Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),
     Api(presets.router, {"/v1/presets": ("401", "429", "500")}),  # loaded at start: answers while the model loads
     Api(custom_generate.router, {"/v1/custom_generate": ("401", "429", "500", "503")}),

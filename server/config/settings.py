@@ -135,6 +135,19 @@ class Settings:
     tool_call_parser: str = field(
         default="hermes", metadata={"help": "how tool calls are read from the reply: hermes (<tool_call> JSON)"}
     )
+    responses_store: str | None = field(
+        default=None,
+        metadata={"help": "where /v1/responses keeps stored responses: sqlite:///PATH (default: "
+                          "sqlite:///<cache dir>/responses.db)"},
+    )  # fmt: skip
+    responses_ttl: float = field(
+        default=30 * 24 * 3600.0, metadata={"help": "seconds a stored response is kept (0: until deleted)"}
+    )
+    responses_max_bytes: int = field(
+        default=8 * 1024 * 1024,
+        metadata={"help": "largest stored response (its conversation, input and output as JSON); a larger "
+                          "conversation is a 400"},
+    )  # fmt: skip
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(
         default="text", metadata={"help": "text | json (one JSON object per line, access logs included)"}
@@ -188,11 +201,12 @@ class Settings:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
-        for name in ("max_request_bytes", "max_concurrency_per_key"):
+        for name in ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
         check_parser(self.tool_call_parser)
+        self.responses_store_path()  # a store URL this server cannot open fails at start
         if self.chat_template:  # a missing file or a template that does not parse fails at start
             check_template(Path(self.chat_template))
         if self.watermark:  # a bad file fails at start, naming the file and the field
@@ -200,6 +214,15 @@ class Settings:
         keys = self.api_keys()  # a named keys file that is missing or unreadable fails at startup
         if self.protect_metrics and not keys:
             raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
+
+    def responses_store_path(self) -> Path:
+        """The SQLite file of ``responses_store`` (``sqlite:///PATH``); the cache dir's by default."""
+        cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "decoda")
+        url = self.responses_store or f"sqlite:///{cache_dir}/responses.db"
+        scheme, sep, path = url.partition("://")
+        if not sep or scheme != "sqlite" or not path.startswith("/") or path == "/":
+            raise ValueError(f"responses_store must be sqlite:///PATH, got {url!r} (PostgreSQL is not served yet)")
+        return Path(path[1:] if path.startswith("//") else path)
 
 
 def parse_assistants(spec: str | None) -> list[tuple[str | None, str]]:

@@ -20,7 +20,7 @@ from decoding import ParameterError
 
 # the knob's HF name -> every body field that gives it, in the order an error names them
 ALIASES: dict[str, tuple[str, ...]] = {
-    "max_new_tokens": ("max_tokens", "max_completion_tokens", "max_new_tokens"),
+    "max_new_tokens": ("max_tokens", "max_completion_tokens", "max_output_tokens", "max_new_tokens"),
     "min_new_tokens": ("min_new_tokens", "min_tokens"),
     "num_return_sequences": ("n", "num_return_sequences"),
 }

@@ -1,0 +1,173 @@
+"""``/v1/responses`` with ``stream: true``: OpenAI's semantic events, in its order, each with its
+``sequence_number`` and named on the SSE ``event:`` line as on its ``type``.
+
+``response.created``, ``response.in_progress``; a message as ``response.output_item.added``,
+``response.content_part.added``, ``response.output_text.delta``..., ``response.output_text.done``,
+``response.content_part.done``, ``response.output_item.done``; each function call as
+``response.output_item.added``, ``response.function_call_arguments.delta``,
+``response.function_call_arguments.done``, ``response.output_item.done``; then
+``response.completed`` (or ``response.incomplete``, or ``response.failed`` with the error). The
+tool-call parser holds back text that may start a call (as chat's stream does), and the logprobs of
+held text go out with the next delta, so the deltas carry every entry the final object does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing
+from typing import Any
+
+from decoding import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
+from server.api.responses.format import (
+    LENGTH,
+    ResponseBuilder,
+    function_call_item,
+    message_item,
+    output_logprobs,
+    text_part,
+    usage,
+)
+from server.api.responses.items import new_id
+from server.http.errors import from_exception, from_output
+from server.output.streaming import merge
+from server.output.tool_parser import ToolCall
+
+
+class ResponseEvents:
+    """One streamed response: the events each engine output adds, and the items they build."""
+
+    def __init__(self, builder: ResponseBuilder) -> None:
+        self.builder = builder
+        self.parser = builder.tool_parser() if builder.tool_parser is not None else None
+        self.sequence = 0
+        self.output: list[dict[str, Any]] = []  # finished items
+        self.message: dict[str, Any] | None = None  # the open message item
+        self.text = ""
+        self.logprobs: list[TokenLogprob] = []  # the open message's entries, sent so far
+        self.held: list[TokenLogprob] = []  # entries whose text the parser still holds
+        self.finish_reason: str | None = None
+        self.counts = (0, 0, 0)  # input, cached, output tokens
+
+    def _event(self, kind: str, **fields: Any) -> dict[str, str]:
+        payload = {"type": kind, "sequence_number": self.sequence, **fields}
+        self.sequence += 1
+        return {"event": kind, "data": json.dumps(payload, ensure_ascii=False)}
+
+    def start(self) -> list[dict[str, str]]:
+        snapshot = self.builder.response("in_progress", [])
+        return [self._event("response.created", response=snapshot),
+                self._event("response.in_progress", response=snapshot)]  # fmt: skip
+
+    def feed(self, output: RequestOutput) -> list[dict[str, str]]:
+        generated = self.counts[2] + sum(len(delta.token_ids) for delta in output.deltas)
+        self.counts = (output.num_prompt_tokens, output.num_cached_tokens, generated)
+        events: list[dict[str, str]] = []
+        for delta in output.deltas:
+            if delta.index == 0:
+                events.extend(self._delta(delta))
+        return events
+
+    def _delta(self, delta: SequenceDelta) -> list[dict[str, str]]:
+        self.held.extend(delta.logprobs or [])
+        text, calls = delta.text, []
+        if self.parser is not None:
+            text, calls = self.parser.feed(delta.text)
+            if delta.finish_reason is not None:
+                rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
+                text, calls = text + rest, calls + more
+        events = self._text(text) if text else []
+        for call in calls:
+            events.extend(self._close_message())
+            events.extend(self._call(call))
+        if delta.finish_reason is not None:
+            self.finish_reason = delta.finish_reason.value
+        return events
+
+    def _open_message(self) -> list[dict[str, str]]:
+        if self.message is not None:
+            return []
+        self.message = message_item(new_id("msg"), [], "in_progress")
+        self.text, self.logprobs = "", []
+        index = len(self.output)
+        return [self._event("response.output_item.added", output_index=index, item=self.message),
+                self._event("response.content_part.added", item_id=self.message["id"], output_index=index,
+                            content_index=0, part=text_part("", [] if self.builder.logprobs else None))]  # fmt: skip
+
+    def _text(self, text: str) -> list[dict[str, str]]:
+        events = self._open_message()
+        sent, self.held = self.held, []
+        self.text += text
+        self.logprobs.extend(sent)
+        assert self.message is not None
+        events.append(self._event("response.output_text.delta", item_id=self.message["id"],
+                                  output_index=len(self.output), content_index=0, delta=text,
+                                  logprobs=output_logprobs(sent) if self.builder.logprobs else []))  # fmt: skip
+        return events
+
+    def _close_message(self) -> list[dict[str, str]]:
+        if self.message is None:
+            return []
+        self.logprobs.extend(self.held)
+        self.held = []
+        index, item_id = len(self.output), self.message["id"]
+        part = text_part(self.text, self.logprobs if self.builder.logprobs else None)
+        status = "incomplete" if self.finish_reason == LENGTH else "completed"
+        item = message_item(item_id, [part], status)
+        self.output.append(item)
+        self.message = None
+        return [self._event("response.output_text.done", item_id=item_id, output_index=index, content_index=0,
+                            text=self.text, logprobs=part.get("logprobs", [])),
+                self._event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
+                            part=part),
+                self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
+
+    def _call(self, call: ToolCall) -> list[dict[str, str]]:
+        index = len(self.output)
+        item = function_call_item(call)
+        self.output.append(item)
+        return [self._event("response.output_item.added", output_index=index,
+                            item=function_call_item(call, "in_progress", arguments="")),
+                self._event("response.function_call_arguments.delta", item_id=item["id"], output_index=index,
+                            delta=call.arguments),
+                self._event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                            name=call.name, arguments=call.arguments),
+                self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
+
+    def finish(self) -> tuple[list[dict[str, str]], dict[str, Any]]:
+        """The closing events of the open message (an empty one if the reply made nothing) and the
+        final object; its own event (``final_event``) goes out once the response is stored."""
+        events = self._open_message() if not self.output else []
+        events.extend(self._close_message())
+        return events, self.builder.finished(self.output, self.finish_reason, usage(*self.counts))
+
+    def final_event(self, response: dict[str, Any]) -> dict[str, str]:
+        return self._event(f"response.{response['status']}", response=response)
+
+
+async def response_events(
+    streams: list[AsyncIterator[RequestOutput]], events: ResponseEvents,
+    keep: Callable[[dict[str, Any]], Awaitable[None]],
+) -> AsyncIterator[dict[str, str]]:  # fmt: skip
+    """The engine's stream as events; ``keep`` stores the final object before its event goes out,
+    so a client that reads ``response.completed`` can retrieve or continue the response at once."""
+    for event in events.start():
+        yield event
+    try:
+        async with aclosing(merge(streams)) as merged:
+            async for _, output in merged:
+                if output.error:
+                    raise from_output(output)
+                for event in events.feed(output):
+                    yield event
+        closing, response = events.finish()
+        for event in closing:
+            yield event
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        error = from_exception(exc, events.builder.response_id)
+        response = events.builder.failed(events.output, error.code or "server_error", error.message)
+    await keep(response)
+    yield events.final_event(response)

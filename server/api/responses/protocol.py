@@ -1,0 +1,216 @@
+"""The ``/v1/responses`` body: OpenAI's Responses API fields over the generation fields every API shares.
+
+Its translation is the shared one (``server.translate.params``), so every HF GenerationConfig knob,
+preset and strategy is an extra field exactly as on chat. What the Responses API spells its own way
+is mapped onto the shared pieces: ``max_output_tokens`` is a name of ``max_new_tokens``
+(``server.translate.aliases``), function ``tools`` and ``tool_choice`` become a ``ToolUse`` of chat's
+tools, ``text.format`` becomes chat's ``response_format`` (the same constraint path, so the
+``openai`` client's ``responses.parse`` works), ``top_logprobs`` with ``include:
+["message.output_text.logprobs"]`` chat's logprobs.
+
+Refused with a 400 naming the field and saying why: tool types other than function (this server
+runs no hosted tools), ``background`` (not served yet), ``truncation: "auto"`` (a conversation
+that does not fit is a 400 rather than silently losing its oldest turns), ``n`` above 1 (a
+response has one output), chat's ``response_format`` (``text.format`` is this API's spelling).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sized
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field
+
+from decoding import GenerationParams, ParameterError
+from decoding.params import check_size
+from decoding.params.structured import StructuredOutput
+from server.api.responses.items import InputItem, item_texts, stored_items
+from server.translate.fields import GenerationFields, RequestHints
+from server.translate.params import to_params
+from server.translate.strict import Strict
+from server.translate.structured import (
+    JsonSchemaFormat,
+    OpenAIName,
+    ResponseFormat,
+    structured_output_of,
+)
+from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+def _function_tools_only(tool: Any) -> Any:  # noqa: ANN401
+    kind = tool.get("type") if isinstance(tool, dict) else None
+    if isinstance(kind, str) and kind != "function":
+        raise ParameterError(f"tools of type '{kind}' are not supported: this server runs no hosted tools; "
+                             "offer a function tool and run it yourself", param="tools")  # fmt: skip
+    return tool
+
+
+class FunctionTool(Strict):
+    type: Literal["function"]
+    name: OpenAIName
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+    def as_chat_tool(self) -> Tool:
+        function = FunctionDefinition(name=self.name, description=self.description, parameters=self.parameters,
+                                      strict=self.strict)  # fmt: skip
+        return Tool(type="function", function=function)
+
+
+class FunctionChoice(Strict):
+    type: Literal["function"]
+    name: OpenAIName
+
+
+class TextFormat(Strict):
+    """``text.format``: text, json_object, or json_schema with its fields beside ``type`` (chat nests them)."""
+
+    type: Literal["text", "json_object", "json_schema"]
+    name: OpenAIName | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None
+    description: str | None = None
+
+    def response_format(self) -> ResponseFormat:
+        if self.type != "json_schema":
+            return ResponseFormat(type=self.type)
+        if self.name is None:
+            raise ParameterError("text.format of type json_schema needs a name", param="text.format")
+        schema = JsonSchemaFormat(name=self.name, schema=self.schema_, strict=self.strict,
+                                  description=self.description)  # fmt: skip
+        return ResponseFormat(type="json_schema", json_schema=schema)
+
+
+class TextOptions(Strict):
+    format: TextFormat | None = None
+    verbosity: Literal["low", "medium", "high"] | None = None  # a hint: max_output_tokens bounds a reply
+
+
+class Reasoning(Strict):
+    """A hint for reasoning models: the served model has no separate reasoning phase to bound."""
+
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None
+
+
+def _not_background(value: Any) -> Any:  # noqa: ANN401
+    if value is True:
+        raise ParameterError("background responses are not served yet; send the request without background",
+                             param="background")  # fmt: skip
+    return value
+
+
+def _no_auto_truncation(value: Any) -> Any:  # noqa: ANN401
+    if value == "auto":
+        raise ParameterError('truncation "auto" is not supported: a conversation longer than the context is a 400 '
+                             'rather than silently losing its oldest turns; use "disabled"',
+                             param="truncation")  # fmt: skip
+    return value
+
+
+class ResponsesRequest(GenerationFields, RequestHints):
+    input: str | list[InputItem] = Field(default_factory=list)
+    instructions: str | None = None
+    previous_response_id: str | None = None
+    store: bool | None = True  # OpenAI's default (null too): the response can be retrieved and continued
+    background: Annotated[bool | None, BeforeValidator(_not_background)] = None
+    tools: list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]] | None = None
+    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    parallel_tool_calls: bool | None = None
+    text: TextOptions | None = None
+    max_output_tokens: int | None = None
+    top_logprobs: int | None = None
+    include: list[str] | None = None
+    truncation: Annotated[Literal["auto", "disabled"] | None, BeforeValidator(_no_auto_truncation)] = None
+    reasoning: Reasoning | None = None
+
+    def params(self, model_defaults: dict[str, Any] | None, max_model_len: int = 1 << 30) -> GenerationParams:
+        """Validated params; as chat's, the default length is what the context leaves once rendered."""
+        params = to_params(self, default_max_tokens=max_model_len, model_defaults=model_defaults,
+                           logprobs=self.logprobs_count())  # fmt: skip
+        if params.n != 1:
+            name = "num_return_sequences" if "num_return_sequences" in self.model_fields_set else "n"
+            raise ParameterError(f"a response has one output; {name} must be 1, got {params.n}", param=name)
+        return params
+
+    def logprobs_count(self) -> int | None:
+        """Chat's ``top_logprobs`` count when ``include`` asks for the output's logprobs."""
+        unknown = [name for name in self.include or [] if name != LOGPROBS_INCLUDE]
+        if unknown:
+            raise ParameterError(f"include may only hold {LOGPROBS_INCLUDE!r} here (this server runs no hosted "
+                                 f"tools and no reasoning model), got {unknown[0]!r}", param="include")  # fmt: skip
+        if LOGPROBS_INCLUDE not in (self.include or []):
+            if self.top_logprobs is not None:
+                raise ParameterError(f"top_logprobs requires include [{LOGPROBS_INCLUDE!r}]", param="top_logprobs")
+            return None
+        return self.top_logprobs or 0
+
+    def tool_use(self) -> ToolUse | None:
+        if self.tools is None and self.tool_choice is None:
+            return None
+        choice: ToolChoice | None
+        if isinstance(self.tool_choice, FunctionChoice):
+            choice = NamedToolChoice(type="function", function=FunctionName(name=self.tool_choice.name))
+        else:
+            choice = self.tool_choice
+        tools = [tool.as_chat_tool() for tool in self.tools or []]
+        return ToolUse(tools, choice, self.parallel_tool_calls is not False)
+
+    def template_tools(self) -> list[dict[str, Any]] | None:
+        tool_use = self.tool_use()
+        return tool_use.template_json() if tool_use else None
+
+    def structured_output(self) -> StructuredOutput | None:
+        if self.response_format is not None:
+            raise ParameterError("the Responses API takes text.format, not response_format", param="response_format")
+        text_format = self.text.format if self.text is not None else None
+        found = structured_output_of(text_format.response_format() if text_format else None, self.structured_outputs)
+        if found is not None and found.param == "response_format":
+            return dataclasses.replace(found, param="text.format")
+        return found
+
+    def input_items(self) -> list[dict[str, Any]]:
+        """This request's own items, as stored and listed (each with an id)."""
+        return stored_items(self.input)
+
+    def sized_lists(self) -> dict[str, Sized | None]:
+        """The tools; ``input`` is bounded as chat's messages are, under its own name."""
+        check_size("messages", self.input if isinstance(self.input, list) else None, "input")
+        return {"tools": self.tools}
+
+    def rendered_texts(self) -> dict[str, list[str]]:
+        texts = [text for item in self.input_items() for text in item_texts(item)]
+        texts += [self.instructions] if self.instructions is not None else []
+        tools = self.template_tools()
+        return {"input": texts + ([json.dumps(tools)] if tools else []), **super().rendered_texts()}
+
+    def echo(self) -> dict[str, Any]:
+        """What a response object repeats of its request."""
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice
+        text_format = self.text.format.model_dump(by_alias=True, exclude_none=True) if self.text and self.text.format \
+            else {"type": "text"}  # fmt: skip
+        return {
+            "instructions": self.instructions,
+            "max_output_tokens": self.max_output_tokens,
+            "metadata": self.metadata or {},
+            "parallel_tool_calls": self.parallel_tool_calls is not False,
+            "previous_response_id": self.previous_response_id,
+            "store": self.store is not False,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_logprobs": self.top_logprobs,
+            "tool_choice": choice or "auto",
+            "tools": [tool.model_dump() for tool in self.tools or []],
+            "text": {"format": text_format},
+            "truncation": "disabled",
+            "user": self.user,
+            "background": False,
+            "reasoning": {"effort": None, "summary": None},
+            "service_tier": "default",
+        }
