@@ -26,6 +26,7 @@ from server.http.limits import caller_hold
 from server.output.streaming import ChunkFormat, collect_all, sse_events, until_disconnect
 from server.translate.fields import GenerationFields
 from server.translate.guidance import with_negative_prompt_ids
+from server.translate.params import length_is_given, with_context_default
 from server.translate.prediction import with_prediction_ids
 from server.translate.presets import presets_of
 from server.translate.sizes import check_body_sizes
@@ -62,6 +63,18 @@ def translated(request: Request, client: EngineClient, body: Body, **endpoint: A
     body = presets_of(request).apply(body)  # request > preset > model defaults
     params = body.params(client.generation_defaults, **endpoint)
     return body, with_server_watermark(request, params)  # request > server default
+
+
+async def templated(
+    client: EngineClient, body: GenerationFields, params: GenerationParams, messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+) -> tuple[list[int], GenerationParams]:
+    """(the conversation's prompt ids through the chat template, the params with chat's default length:
+    what the context leaves after that prompt, OpenAI's, unless the request or the model set one)."""
+    prompt_ids = await client.apply_chat_template(messages, tools=tools)
+    if not length_is_given(body, client.generation_defaults):
+        params = with_context_default(params, client.max_model_len - len(prompt_ids))
+    return prompt_ids, params
 
 
 async def admitted(

@@ -137,29 +137,28 @@ def call_grammar(
 
 
 def _auto_grammar(tools: list[Tool], parallel: bool) -> StructuredOutput:
-    alternatives = " | ".join(f"arguments_{i}" for i in range(len(tools)))
-    lines = [
+    return _with_arguments(tools, [
         "start: call* TEXT" if parallel else "start: TEXT | call",
         "TEXT: /(.|\\n)*/",
-        f'call: text_then_tag "\\n" ({alternatives}) "\\n{CLOSE}"',
+        f'call: text_then_tag "\\n" arguments "\\n{CLOSE}"',
         f'text_then_tag[lazy]: TEXT "{OPEN}"',
-    ]
-    for i, tool in enumerate(tools):
-        lines.append(f"arguments_{i}: %json {json.dumps(_call_schema(tool))}")
-    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tools", size_limit="tool_grammar")
+    ])  # fmt: skip
 
 
 def _calls_or_answer(tools: list[Tool], parallel: bool, answer: dict[str, Any]) -> StructuredOutput:
-    alternatives = " | ".join(f"arguments_{i}" for i in range(len(tools)))
-    lines = [
-        'start: calls | answer',
+    return _with_arguments(tools, [
+        "start: calls | answer",
         'calls: call ("\\n" call)*' if parallel else "calls: call",
-        f'call: "{OPEN}\\n" ({alternatives}) "\\n{CLOSE}"',
+        f'call: "{OPEN}\\n" arguments "\\n{CLOSE}"',
         f"answer: %json {json.dumps({'x-guidance': _JSON_STYLE, **answer})}",
-    ]
-    for i, tool in enumerate(tools):
-        lines.append(f"arguments_{i}: %json {json.dumps(_call_schema(tool))}")
-    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tools", size_limit="tool_grammar")
+    ])  # fmt: skip
+
+
+def _with_arguments(tools: list[Tool], lines: list[str]) -> StructuredOutput:
+    """``lines`` (whose ``arguments`` is any offered tool's call JSON) with the rules that define it."""
+    rules = ["arguments: " + " | ".join(f"arguments_{i}" for i in range(len(tools)))]
+    rules += [f"arguments_{i}: %json {json.dumps(_call_schema(tool))}" for i, tool in enumerate(tools)]
+    return StructuredOutput("grammar", "\n".join(lines + rules) + "\n", param="tools", size_limit="tool_grammar")
 
 
 def _call_schema(tool: Tool) -> dict[str, Any]:

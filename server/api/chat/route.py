@@ -10,10 +10,9 @@ from fastapi.responses import Response
 
 from server.api.chat.format import ChatFormat
 from server.api.chat.protocol import ChatCompletionRequest
-from server.api.generation import admitted, engine_of, respond, served_model, translated
+from server.api.generation import admitted, engine_of, respond, served_model, templated, translated
 from server.http.auth import require_api_key
 from server.output.tool_parser import PARSERS
-from server.translate.params import length_is_given, with_context_default
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -24,9 +23,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
     messages = body.messages_or_error()
-    prompt_ids = await client.apply_chat_template(messages, tools=body.template_tools())
-    if not length_is_given(body, client.generation_defaults):  # OpenAI's chat default: what the context leaves
-        params = with_context_default(params, client.max_model_len - len(prompt_ids))
+    prompt_ids, params = await templated(client, body, params, messages, body.template_tools())
     params = await admitted(client, params, [prompt_ids], "messages")
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []

@@ -21,7 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from server.api.generation import admitted, engine_of, engine_rows, served_model, submit, translated
+from server.api.generation import admitted, engine_of, engine_rows, served_model, submit, templated, translated
 from server.api.responses.events import ResponseEvents, response_events
 from server.api.responses.format import ResponseBuilder
 from server.api.responses.items import new_id, template_messages
@@ -32,7 +32,6 @@ from server.http.errors import APIError
 from server.http.limits import caller_hold, caller_key
 from server.output.streaming import collect_all, until_disconnect
 from server.output.tool_parser import PARSERS
-from server.translate.params import length_is_given, with_context_default
 
 logger = logging.getLogger(__name__)
 
@@ -94,10 +93,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         raise APIError(400, f"the conversation is larger than a stored response may be ({cap} bytes, "
                        "--responses-max-bytes); start a new one or send store: false", param="input",
                        code="conversation_too_large")  # fmt: skip
-    prompt_ids = await client.apply_chat_template(template_messages(body.instructions, conversation),
-                                                  tools=body.template_tools())  # fmt: skip
-    if not length_is_given(body, client.generation_defaults):  # as chat: what the context leaves
-        params = with_context_default(params, client.max_model_len - len(prompt_ids))
+    messages = template_messages(body.instructions, conversation)
+    prompt_ids, params = await templated(client, body, params, messages, body.template_tools())
     params = await admitted(client, params, [prompt_ids], "input")
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []
