@@ -23,6 +23,7 @@ from decoding import EngineClient
 from decoding.params.watermarking import WatermarkingConfig
 from server.api import APIS
 from server.api.openapi import install_openapi
+from server.api.responses.stores import close_store
 from server.config.settings import Settings
 from server.http.access_log import AccessLog
 from server.http.auth import ProtectPaths, key_digests, protected_paths
@@ -61,6 +62,8 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
             if drain is not None:
                 await drain
                 close_remaining_streams()
+            # after the drain: a response finishing in it is still stored
+            await close_store(getattr(app.state, "responses_store", None))
 
     app = FastAPI(
         title="Decoda",

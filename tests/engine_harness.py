@@ -51,14 +51,16 @@ class EngineHarness:
         max_num_batched_tokens: int = 512,
         max_model_len: int = 256,
         served: bool = False,
+        device: torch.device | str = "cpu",
         **kv_cache: object,
     ) -> None:
         """``kv_cache``: EngineLimits' KV settings (kv_cache_blocks, block_size, prefix_caching).
-        ``served``: ``model`` already is ``as_served`` (a test reusing one copy for many engines)."""
+        ``served``: ``model`` already is ``as_served`` (a test reusing one copy for many engines).
+        ``device``: where the engine runs (the model must already be there: tests/gpu)."""
         self.outputs: dict[str, list[RequestOutput]] = {}
         limits = EngineLimits(max_model_len, max_num_seqs, max_num_batched_tokens, **kv_cache)
         served_model = model if served else as_served(model)
-        self.engine = Engine(served_model, tokenizer, eos_token_ids, limits, self._collect, torch.device("cpu"))
+        self.engine = Engine(served_model, tokenizer, eos_token_ids, limits, self._collect, torch.device(device))
 
     def _collect(self, output: RequestOutput) -> None:
         self.outputs.setdefault(output.request_id, []).append(output)
@@ -98,8 +100,8 @@ class EngineHarness:
 def hf_greedy(model: torch.nn.Module, prompt_ids: list[int], max_new_tokens: int, **kwargs: object) -> list[int]:
     with torch.inference_mode():
         out = model.generate(
-            torch.tensor([prompt_ids]),
-            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            torch.tensor([prompt_ids], device=model.device),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long, device=model.device),
             max_new_tokens=max_new_tokens,
             do_sample=False,
             **kwargs,

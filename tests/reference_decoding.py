@@ -17,7 +17,7 @@ from decoding.strategies.dola import dola_candidate_layers, dola_contrast
 
 
 def _forward(model: torch.nn.Module, ids: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    out = model(torch.tensor([ids]), output_hidden_states=True, use_cache=False)
+    out = model(torch.tensor([ids], device=model.device), output_hidden_states=True, use_cache=False)
     return out.logits[0, -1].float(), out.hidden_states
 
 

@@ -102,6 +102,28 @@ def test_prometheus_scrapes_every_replica_directly():
     assert decoda.get("metrics_path", "/metrics") == "/metrics"
 
 
+def interpolated(value: str, environ: dict[str, str] | None = None) -> str:
+    """A compose value with ``${NAME:-default}`` / ``${NAME}`` resolved as compose does (from ``environ``)."""
+    environ = environ or {}
+    return re.sub(r"\$\{(\w+)(?::-([^}]*))?\}", lambda m: environ.get(m[1]) or m[2] or "", value)
+
+
+def test_every_replica_stores_responses_in_the_one_postgresql_service():
+    services = compose()["services"]
+    postgres = services["postgres"]
+    assert postgres["image"].startswith("postgres:")
+    assert any(v.endswith(":/var/lib/postgresql/data") for v in postgres["volumes"])  # survives a restart
+    assert "pg_isready" in postgres["healthcheck"]["test"]
+    for environ in ({}, {"POSTGRES_PASSWORD": "s3cret"}):  # the default password and one from the shell
+        database = {k: interpolated(v, environ) for k, v in postgres["environment"].items()}
+        urls = {interpolated(services[name]["environment"]["DECODA_RESPONSES_STORE"], environ) for name in REPLICAS}
+        assert urls == {f"postgresql://{database['POSTGRES_USER']}:{database['POSTGRES_PASSWORD']}@postgres:5432/"
+                        f"{database['POSTGRES_DB']}"}  # fmt: skip
+        Settings(responses_store=urls.pop()).check()  # the URL the replicas start with passes the start-up check
+    for name in REPLICAS:  # a replica's first store query finds the database up
+        assert services[name]["depends_on"]["postgres"] == {"condition": "service_healthy"}
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed (Debian package prometheus)")
 def test_promtool_check_config():
     result = subprocess.run(["promtool", "check", "config", str(PROMETHEUS)], capture_output=True, text=True)

@@ -29,6 +29,7 @@ KUSTOMIZE = ROOT / "deploy" / "kubernetes"
 K8S_VERSION = "1.30.0"  # the oldest Kubernetes these manifests promise to run on
 QUEUE_METRIC = "decoda_num_requests_waiting"
 API_KEY_SECRET = "decoda-api-keys"
+POSTGRES_SECRET = "decoda-postgres"
 CONFIG_MAP = "decoda-config"
 
 
@@ -62,9 +63,9 @@ def rendered() -> list[dict]:
     return docs + generated_configmaps()
 
 
-def one(kind: str) -> dict:
-    found = [doc for doc in rendered() if doc["kind"] == kind]
-    assert len(found) == 1, f"expected one {kind}, found {len(found)}"
+def one(kind: str, name: str | None = None) -> dict:
+    found = [doc for doc in rendered() if doc["kind"] == kind and name in (None, doc["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
     return found[0]
 
 
@@ -227,7 +228,7 @@ def test_the_service_and_the_pdb_select_the_deployment_pods():
     deployment = one("Deployment")
     labels = deployment_labels()
     assert deployment["spec"]["selector"]["matchLabels"].items() <= labels.items()
-    service = one("Service")
+    service = one("Service", "decoda")
     assert service["spec"]["selector"].items() <= labels.items()
     assert service["spec"]["ports"][0]["targetPort"] in ("http", 8000)
     pdb = one("PodDisruptionBudget")
@@ -265,3 +266,52 @@ def test_kubectl_kustomize_renders_what_these_tests_check():
     ours = sorted(rendered(), key=key)
     theirs = sorted((unhashed(doc) for doc in yaml.safe_load_all(built) if doc), key=key)
     assert theirs == ours
+
+
+# ---- the responses store ---------------------------------------------------------------------------
+def test_every_pod_stores_responses_in_the_one_postgresql_the_manifests_run():
+    """DECODA_RESPONSES_STORE names the PostgreSQL Service and the StatefulSet's user and database; its
+    password is the Secret's, expanded by Kubernetes from a variable defined before it (``$(NAME)``)."""
+    names = [item["name"] for item in container()["env"]]
+    url = env()["DECODA_RESPONSES_STORE"]["value"]
+    match = re.fullmatch(r"postgresql://(\w+):\$\((\w+)\)@([\w-]+):(\d+)/(\w+)", url)
+    assert match, url
+    user, password_variable, host, port, database = match.groups()
+    assert names.index(password_variable) < names.index("DECODA_RESPONSES_STORE")
+    reference = env()[password_variable]["valueFrom"]["secretKeyRef"]
+    assert "value" not in env()[password_variable] and reference == {"name": POSTGRES_SECRET, "key": "password"}
+    Settings(responses_store=url.replace(f"$({password_variable})", "s3cret")).check()
+
+    service = one("Service", host)
+    assert int(port) in [p["port"] for p in service["spec"]["ports"]]
+    postgres = one("StatefulSet", host)
+    pod = postgres["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    assert not service["spec"]["selector"].items() <= deployment_labels().items()  # never the Decoda pods
+    for selecting in (one("Service", "decoda"), one("PodDisruptionBudget")):  # Decoda's own select no database
+        selector = selecting["spec"].get("selector", {})
+        assert not dict(selector.get("matchLabels", selector)).items() <= pod["metadata"]["labels"].items()
+    (database_container,) = pod["spec"]["containers"]
+    database_env = {item["name"]: item for item in database_container["env"]}
+    assert database_env["POSTGRES_USER"]["value"] == user and database_env["POSTGRES_DB"]["value"] == database
+    assert database_env["POSTGRES_PASSWORD"]["valueFrom"]["secretKeyRef"] == reference
+    assert int(port) in [p["containerPort"] for p in database_container["ports"]]
+
+
+def test_the_database_keeps_its_files_on_a_volume_as_a_non_root_user():
+    postgres = one("StatefulSet", "decoda-postgres")
+    pod = postgres["spec"]["template"]["spec"]
+    (database,) = pod["containers"]
+    assert postgres["spec"]["replicas"] == 1 and postgres["spec"]["serviceName"] == "decoda-postgres"
+    claims = {claim["metadata"]["name"] for claim in postgres["spec"]["volumeClaimTemplates"]}
+    mounts = {mount["mountPath"]: mount["name"] for mount in database["volumeMounts"]}
+    pgdata = {item["name"]: item.get("value") for item in database["env"]}["PGDATA"]
+    data_mount = next(path for path in mounts if pgdata.startswith(path + "/"))  # a folder in it: not lost+found
+    assert mounts[data_mount] in claims
+    context = database["securityContext"]
+    assert context["runAsNonRoot"] is True and context["runAsUser"] > 0 and pod["securityContext"]["fsGroup"] > 0
+    assert context["readOnlyRootFilesystem"] is True and context["allowPrivilegeEscalation"] is False
+    volumes = {volume["name"]: volume for volume in pod["volumes"]}
+    for writable in ("/var/run/postgresql", "/tmp"):  # the socket and lock files; temporary files
+        assert "emptyDir" in volumes[mounts[writable]]
+    assert "pg_isready" in database["readinessProbe"]["exec"]["command"]

@@ -1,11 +1,13 @@
 """The Responses API end to end: the real ``openai`` client, a real server with the embedded SmolLM2
 and its SQLite store in a temporary folder: create, stream, parse, retrieve, delete, input items, a
-function-call round trip, a three-turn conversation, beam search as on chat, and a restart (the
-last test: a second server on the same store file continues the conversation)."""
+function-call round trip, a three-turn conversation, beam search as on chat, background responses
+(polled, cancelled, a dropped stream resumed with ``starting_after``), and a restart (the last test:
+a second server on the same store file continues the conversation)."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import jsonschema
 import openai
@@ -130,6 +132,60 @@ def test_beam_search_is_token_identical_to_chat(client):
                                        extra_body={"num_beams": 2})  # fmt: skip
     assert response.output_text == chat.choices[0].message.content
     assert response.usage.output_tokens == len(chat.choices[0].token_ids)
+
+
+def poll(client: openai.OpenAI, response_id: str, timeout: float = 120.0):  # noqa: ANN201
+    """Retrieve until the background response is no longer queued or in progress."""
+    deadline = time.monotonic() + timeout
+    while (response := client.responses.retrieve(response_id)).status in ("queued", "in_progress"):
+        assert time.monotonic() < deadline, f"still {response.status}"
+        time.sleep(0.2)
+    return response
+
+
+def test_a_background_response_is_queued_then_polled_to_the_same_answer(client):
+    body = {"model": MODEL, "input": "What is the capital of France?", "max_output_tokens": 30, "temperature": 0}
+    created = client.responses.create(**body, background=True)
+    assert created.status == "queued" and created.background is True and created.output == []
+    final = poll(client, created.id)
+    assert final.status == "completed" and final.output_text == client.responses.create(**body).output_text
+    assert "Paris" in final.output_text
+
+
+def test_cancel_stops_a_background_response_with_its_output_so_far(client):
+    created = client.responses.create(model=MODEL, input="Tell me a very long story about a dragon.",
+                                      max_output_tokens=1500, temperature=0, background=True,
+                                      extra_body={"ignore_eos": True})  # fmt: skip
+    with client.responses.retrieve(created.id, stream=True) as events:  # follow it to its first text
+        assert any(event.type == "response.output_text.delta" for event in events)
+    cancelled = client.responses.cancel(created.id)
+    assert cancelled.status == "cancelled" and 0 < cancelled.usage.output_tokens < 1500
+    assert cancelled.output_text and client.responses.retrieve(created.id).status == "cancelled"
+    assert client.responses.cancel(created.id).output_text == cancelled.output_text  # a finished one: unchanged
+    foreground = client.responses.create(model=MODEL, input="Hi", max_output_tokens=2)
+    with pytest.raises(openai.BadRequestError, match="Only background responses can be cancelled"):
+        client.responses.cancel(foreground.id)
+
+
+def test_a_background_stream_dropped_early_is_resumed_with_starting_after(client):
+    body = {"model": MODEL, "input": "Count from one to twenty in words.", "max_output_tokens": 80,
+            "temperature": 0}  # fmt: skip
+    first = []
+    with client.responses.create(**body, background=True, stream=True) as stream:
+        for event in stream:
+            first.append(event)
+            if len(first) == 6:
+                break  # the client goes away: the response keeps running
+    assert [event.type for event in first[:3]] == ["response.created", "response.queued", "response.in_progress"]
+    response_id = first[0].response.id
+    rest = list(client.responses.retrieve(response_id, stream=True, starting_after=first[-1].sequence_number))
+    events = first + rest
+    assert [event.sequence_number for event in events] == list(range(len(events)))
+    assert events[-1].type == "response.completed"
+    text = "".join(event.delta for event in events if event.type == "response.output_text.delta")
+    assert text == events[-1].response.output_text == poll(client, response_id).output_text
+    again = list(client.responses.retrieve(response_id, stream=True))  # from the start, once it has ended
+    assert [event.model_dump() for event in again] == [event.model_dump() for event in events]
 
 
 def test_a_restarted_server_continues_the_conversation(served):

@@ -229,3 +229,11 @@ def test_gemma_chunks_assemble_to_the_published_file(tmp_path: Path) -> None:
     assert sha256 is not None and len(sha256) == 64
     assembled = gguf_cache.assemble(parts, tmp_path / "source" / gemma.gguf_name, sha256)
     assert assembled.stat().st_size == sum(p.stat().st_size for p in parts)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4", "gguf"])
+def test_quantized_weights_on_a_gpu_are_refused_with_the_reason(mode: str) -> None:
+    """The low-bit kernels are CPU code: a GPU serves the float (or dequantized GGUF) weights instead."""
+    with pytest.raises(ModelLoadError) as refused:
+        load_model("smollm2-135m-instruct", device="cuda", quantization=mode)
+    assert f"--quantization {mode}" in str(refused.value) and "--quantization none" in str(refused.value)

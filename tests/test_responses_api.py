@@ -4,7 +4,6 @@ items, ``store: false``, continuing, a restart), isolation by API key, and error
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,7 +13,8 @@ import pytest
 
 from decoding import FinishReason, GenerationParams, RequestOutput, SequenceDelta
 from server.api.responses.items import template_messages
-from server.api.responses.store import SCHEMA_VERSION, SqliteResponseStore, StoredResponse, page
+from server.api.responses.store import page
+from server.api.responses.truncation import droppable_units
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
@@ -138,8 +138,8 @@ def test_logprobs_with_include(server):
 @pytest.mark.parametrize(("body", "param"), [
     ({"input": "x", "bogus": 1}, "bogus"),
     ({"input": "x", "tools": [{"type": "web_search"}]}, "tools"),
-    ({"input": "x", "background": True}, "background"),
-    ({"input": "x", "truncation": "auto"}, "truncation"),
+    ({"input": "x", "background": True, "store": False}, "store"),
+    ({"input": "x", "truncation": "middle"}, "truncation"),
     ({"input": "x", "include": ["reasoning.encrypted_content"]}, "include"),
     ({"input": "x", "top_logprobs": 2}, "top_logprobs"),
     ({"input": "x", "n": 2}, "n"),
@@ -190,6 +190,62 @@ def test_a_function_call_without_a_message_before_it_is_its_own_assistant_turn()
     assert template_messages(None, items)[1] == {
         "role": "assistant", "content": "", "tool_calls": [{"id": "c", "type": "function",
                                                             "function": {"name": "f", "arguments": {}}}]}  # fmt: skip
+
+
+# ---- truncation --------------------------------------------------------------------------------------
+def words(count: int, first: int = 0) -> str:
+    """``count`` words the fake tokenizer reads as one token each."""
+    return " ".join(f"w{i}" for i in range(first, first + count))
+
+
+LONG_CONVERSATION = [  # 2 (instructions) + 20 + 1 + 0 + 20 + 10 + 10 + 1 (the template's end) = 64 tokens
+    {"role": "user", "content": words(20)},
+    {"role": "developer", "content": "x"},
+    {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": "{}"},
+    {"type": "function_call_output", "call_id": "call_1", "output": words(20, 20)},
+    {"role": "assistant", "content": words(10, 40)},
+    {"role": "user", "content": words(10, 50)},
+]  # fmt: skip
+
+
+def test_truncation_auto_drops_the_oldest_whole_items_until_the_reply_fits(server):
+    body = server.create({"instructions": "be brief", "input": LONG_CONVERSATION, "max_output_tokens": 30,
+                          "truncation": "auto"})  # fmt: skip
+    kept = [  # the call went with its output; the instructions and the developer turn stayed
+        {"role": "system", "content": "be brief"}, {"role": "system", "content": "x"},
+        {"role": "assistant", "content": words(10, 40)}, {"role": "user", "content": words(10, 50)},
+    ]  # fmt: skip
+    assert kept in [messages for messages, _ in server.engine.templates]
+    prompt_ids = server.engine.submitted[-1][1]
+    assert prompt_ids == [t for m in kept for t in server.engine._words(m["content"])] + [6]
+    assert body["truncation"] == "auto" and body["usage"]["input_tokens"] == 24  # 24 + 30 <= 64; 44 + 30 is not
+    listed = server.call("GET", f"{RESPONSES}/{body['id']}/input_items", order="asc").json()["data"]
+    assert len(listed) == len(LONG_CONVERSATION)  # the stored input is the whole input
+
+
+def test_truncation_disabled_keeps_a_conversation_that_does_not_fit_a_400(server):
+    for truncation in ({}, {"truncation": "disabled"}):
+        response = server.call("POST", RESPONSES, {"instructions": "be brief", "input": LONG_CONVERSATION,
+                                                   "max_output_tokens": 30, **truncation})  # fmt: skip
+        assert response.status_code == 400
+        assert (error_of(response)["param"], error_of(response)["code"]) == ("input", "context_length_exceeded")
+
+
+def test_truncation_auto_never_drops_the_newest_item(server):
+    response = server.call("POST", RESPONSES, {"input": [{"role": "user", "content": words(70)}],
+                                               "max_output_tokens": 2, "truncation": "auto"})  # fmt: skip
+    assert response.status_code == 400 and error_of(response)["param"] == "input"
+
+
+def test_droppable_units_keep_a_call_with_its_output_and_skip_system_turns():
+    items = [{"id": "a", "type": "message", "role": "system", "content": []},
+             {"id": "b", "type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+             {"id": "c", "type": "function_call", "call_id": "c2", "name": "f", "arguments": "{}"},
+             {"id": "d", "type": "function_call_output", "call_id": "c2", "output": ""},
+             {"id": "e", "type": "function_call_output", "call_id": "c1", "output": ""},
+             {"id": "f", "type": "function_call_output", "call_id": "elsewhere", "output": ""},
+             {"id": "g", "type": "message", "role": "user", "content": []}]  # fmt: skip
+    assert droppable_units(items) == [[1, 4], [2, 3], [5], [6]]
 
 
 # ---- output -----------------------------------------------------------------------------------------
@@ -345,32 +401,6 @@ def test_a_conversation_over_the_size_cap_is_a_400(tmp_path):
     assert server.create({"input": "hello " * 40, "store": False})["store"] is False
 
 
-def test_the_store_keeps_its_schema_version_and_owners_and_forgets_expired_rows(tmp_path):
-    async def go() -> None:
-        store = SqliteResponseStore(tmp_path / "r.db", ttl=0.5)
-        row = StoredResponse("resp_1", "owner", {"id": "resp_1", "output": []}, [], [])
-        await asyncio.gather(*(store.put(StoredResponse(f"resp_{i}", "o", {"output": []}, [], []))
-                               for i in range(2, 20)))  # fmt: skip  # concurrent writes, one connection
-        await store.put(row)
-        assert (await store.get("resp_1", "owner")).response == row.response
-        assert await store.get("resp_1", "other") is None and not await store.delete("resp_1", "other")
-        assert (await store.get("resp_19", "o")) is not None
-        await asyncio.sleep(0.6)
-        assert await store.get("resp_1", "owner") is None  # past its time to live
-        store.close()
-
-    run(go())
-    import sqlite3
-
-    db = sqlite3.connect(tmp_path / "r.db")
-    assert db.execute("SELECT version FROM schema_version").fetchall() == [(SCHEMA_VERSION,)]
-    assert db.execute("PRAGMA journal_mode").fetchone() == ("wal",)
-    db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION + 1,))
-    db.commit()
-    with pytest.raises(RuntimeError, match="schema version"):
-        run(SqliteResponseStore(tmp_path / "r.db").get("x", ""))
-
-
 def test_page_before_takes_the_items_nearest_it():
     items = [{"id": str(i)} for i in range(6)]
     assert [i["id"] for i in page(items, after=None, before="4", limit=2, order="asc")["data"]] == ["2", "3"]
@@ -378,8 +408,9 @@ def test_page_before_takes_the_items_nearest_it():
         "object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False}  # fmt: skip
 
 
-def test_the_store_url_must_be_sqlite(tmp_path):
+def test_the_store_url_must_be_sqlite_or_postgresql(tmp_path):
     assert Settings(cache_dir=str(tmp_path)).responses_store_path() == tmp_path / "responses.db"
     assert Settings(responses_store="sqlite:////srv/r.db").responses_store_path() == Path("/srv/r.db")
+    Settings(responses_store="postgresql://db/decoda").check()  # tests/test_responses_store_postgres.py
     with pytest.raises(ValueError, match="responses_store"):
-        Settings(responses_store="postgresql://db/decoda").check()
+        Settings(responses_store="mysql://db/decoda").check()

@@ -165,7 +165,6 @@ def test_request_checks_name_the_field():
         ({"tools": [WEATHER, WEATHER]}, "tools"),
         ({"tool_choice": "required"}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}}, "tool_choice"),
         ({"messages": [{"role": "tool", "content": "3"}]}, "messages"),
     ]
     for fields, param in cases:
@@ -187,6 +186,14 @@ def test_tool_turns_reach_the_template_with_objects_for_arguments():
     rendered = request(messages=messages, tools=[WEATHER]).messages_or_error()
     assert rendered[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
     assert rendered[2] == {"role": "tool", "content": '{"temp": 3}', "tool_call_id": "c1"}
+
+
+def test_required_with_a_response_format_constrains_this_reply_to_calls():
+    """The agents' pattern (force a tool, typed final answer): the reply is calls, the format is the next turn's."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "object"}}}
+    required = request(tools=[WEATHER], tool_choice="required", response_format=fmt).params({})
+    assert required.structured_output.param == "tool_choice"
+    assert required.structured_output == request(tools=[WEATHER], tool_choice="required").params({}).structured_output
 
 
 def test_required_and_named_constrain_the_reply_and_none_offers_nothing():

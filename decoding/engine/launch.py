@@ -31,6 +31,7 @@ from decoding.kv.memory import kv_cache_bytes
 from decoding.kv.paged_attention import native_available
 from decoding.model.attention import register_attention
 from decoding.model.compile import compile_model
+from decoding.model.cuda_graphs import use_cuda_graphs
 from decoding.model.dtype_choice import resolve_dtype
 from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
@@ -53,9 +54,12 @@ def resolve_max_model_len(config: EngineConfig, max_position_embeddings: int) ->
     return config.max_model_len
 
 
-def prepare_forward(model: torch.nn.Module, *, compile: bool) -> None:
-    """Compile the forward, or pack the linears: inductor cannot trace oneDNN-packed weights."""
-    if compile:
+def prepare_forward(model: torch.nn.Module, *, compile: bool, device: torch.device | None = None) -> None:
+    """Compile the forward, or pack the linears: inductor cannot trace oneDNN-packed weights. On a
+    GPU, ``--compile`` replays decode steps from CUDA graphs instead (``decoding.model.cuda_graphs``)."""
+    if compile and device is not None and device.type == "cuda":
+        use_cuda_graphs(model)
+    elif compile:
         compile_model(model)
     else:
         pack_linears(model)
@@ -129,7 +133,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     )
     model = loaded.model
     builds_done()  # the compile below (and a first step) needs every one of them
-    prepare_forward(model, compile=config.compile)
+    prepare_forward(model, compile=config.compile, device=torch.device(config.device))
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
     assistants = load_assistants(config, loaded)
     custom_methods = load_custom_methods(config.custom_generate, config.trust_remote_code, model)

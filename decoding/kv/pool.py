@@ -80,8 +80,11 @@ class KVPool:
         value_head_dim: int | None = None,
     ) -> None:
         """``value_head_dim``: the values' head size where it differs from the keys' (MLA)."""
-        shape = (num_blocks, num_kv_heads, block_size, head_dim)
-        value_shape = (num_blocks, num_kv_heads, block_size, value_head_dim or head_dim)
+        # one block more than the allocator hands out: the scratch block, where the padding rows of a
+        # replayed CUDA graph write and read (``decoding.model.cuda_graphs``); no row ever holds it
+        shape = (num_blocks + 1, num_kv_heads, block_size, head_dim)
+        value_shape = (num_blocks + 1, num_kv_heads, block_size, value_head_dim or head_dim)
+        self.scratch_block = num_blocks
         # uninitialised: pages become resident as blocks are first written, and nothing reads a
         # position before its row wrote it (the gathering fallback zeroes what it masks)
         self.keys = [torch.empty(shape, dtype=dtype, device=device) for _ in range(num_layers)]
@@ -150,7 +153,9 @@ class KVPool:
         return -(-num_tokens // self.block_size)
 
     def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        """Bytes of the blocks rows may hold (the scratch block is not the cache's)."""
+        whole = sum(t.numel() * t.element_size() for t in self.keys + self.values)
+        return whole * self.blocks.num_blocks // (self.blocks.num_blocks + 1)
 
     def nbytes_held(self) -> int:
         """Bytes of the blocks running rows hold: what the cache's memory really follows."""

@@ -108,6 +108,21 @@ class StepLayout:
             self.decode_tables = torch.tensor(tables, dtype=torch.long, device=device)  # [num_decode, width]
             self.decode_lengths = torch.tensor([s.start + 1 for s in self.decode], dtype=torch.long, device=device)
 
+    @classmethod
+    def decode_only(cls, pool: KVPool, tokens: dict[str, torch.Tensor]) -> StepLayout:
+        """A layout of ``rows`` one-token rows over caller-owned tensors (a CUDA graph's static inputs:
+        ``token_blocks``, ``token_offsets``, ``token_positions``, ``decode_tables``, ``decode_lengths``),
+        whose values the caller rewrites before each replay; nothing here reads them on the host."""
+        layout = cls.__new__(cls)
+        rows = tokens["token_blocks"].shape[0]
+        layout.pool, layout.device = pool, tokens["token_blocks"].device
+        layout.segments = layout.decode = [Segment(0, 0, 1)] * rows
+        layout.multi, layout._multi_blocks, layout._masks = [], [], {}
+        layout.num_tokens = rows
+        for name, tensor in tokens.items():
+            setattr(layout, name, tensor)
+        return layout
+
     def decode_firsts(self, sliding_window: int | None) -> torch.Tensor:
         """``[num_decode]`` the first position each decode row may see (its sliding window's start)."""
         key = ("firsts", sliding_window)

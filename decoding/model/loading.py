@@ -85,6 +85,11 @@ def load_model(
     ``int8``/``int4`` quantize the float weights; the linears and embeddings are swapped in place.
     """
     torch_dtype = _torch_dtype(dtype)
+    if quantization != "none" and torch.device(device).type != "cpu":
+        raise ModelLoadError(
+            f"--quantization {quantization} runs Decoda's CPU kernels (oneDNN, VNNI, AMX); on {device} serve "
+            "float weights (--quantization none: a GGUF source is dequantized to --dtype when it loads)"
+        )
     _check_device(device)
     cache_root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "decoda"
     options = {"dtype": torch_dtype, "attn_implementation": attn_implementation}

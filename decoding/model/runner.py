@@ -24,6 +24,7 @@ from decoding.kv.pool import KVPool
 from decoding.model.anatomy import decoder_layers, final_norm
 from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.model.compile import is_compiled
+from decoding.model.cuda_graphs import DecodeGraphs, wants_cuda_graphs
 
 
 class _ExitReached(Exception):
@@ -57,6 +58,9 @@ class ModelRunner:
         self.norm = final_norm(model)
         self.num_layers = len(self.layers)
         self.compiled = is_compiled(model)
+        self.graphs = None  # decode-only steps replayed from CUDA graphs (``--compile`` on a GPU)
+        if wants_cuda_graphs(model):
+            self.graphs = DecodeGraphs(pool, device, self._decode_call, replay=device.type == "cuda")
 
     @torch.inference_mode()
     def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:
@@ -66,6 +70,10 @@ class ModelRunner:
         (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
         in the same slots, where the full forward that verifies the drafts rewrites them.
         """
+        if self.graphs is not None and num_layers is None and self.graphs.serves(inputs):
+            replayed = self.graphs.forward(inputs)
+            if replayed is not None:
+                return replayed
         # Single-token rows first: StepLayout batches them into one attention call.
         order = sorted(range(len(inputs)), key=lambda i: len(inputs[i].token_ids) != 1)
         segments: list[Segment] = []
@@ -119,6 +127,15 @@ class ModelRunner:
             }
         logits = out_logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _decode_call(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, layout: StepLayout
+    ) -> torch.Tensor:
+        """The eager forward of a decode-only step on a graph's static inputs: ``[rows, vocab]`` logits."""
+        with active_layout(layout):
+            out = self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+                             **{LAYOUT_KWARG: layout})  # fmt: skip
+        return out.logits[0]
 
     def _exit_after(self, layer: int) -> _Removable:
         """Stop the forward after decoder layer ``layer`` (early exit) without touching the model."""

@@ -44,6 +44,7 @@ APIS: tuple[Api, ...] = (
         (chat_protocol.ChatCompletionRequest,), (("ChatCompletionRequest", "messages"),)),
     Api(responses_route.router, {"/v1/responses": GENERATION_ERRORS,
                                  "/v1/responses/{response_id}": ("400", "401", "404", "429", "500"),
+                                 "/v1/responses/{response_id}/cancel": ("400", "401", "404", "429", "500"),
                                  "/v1/responses/{response_id}/input_items": ("400", "401", "404", "429", "500")},
         (responses_protocol.ResponsesRequest,)),
     Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),

@@ -15,6 +15,7 @@ from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
 from decoding.text.chat_template import check_chat_template
+from server.config.store_url import POSTGRES_SCHEMES, POSTGRES_URL_SHAPE, postgres_url_problem, redacted_url
 from server.output.tool_parser import check_parser
 
 # the tool-capable ChatML template shipped for models whose own template ignores tools (config/ in a
@@ -138,11 +139,17 @@ class Settings:
     responses_store: str | None = field(
         default=None,
         metadata={"help": "where /v1/responses keeps stored responses: sqlite:///PATH (default: "
-                          "sqlite:///<cache dir>/responses.db)"},
+                          "sqlite:///<cache dir>/responses.db), or postgresql://USER:PASSWORD@HOST:PORT/DATABASE "
+                          "(also postgres://), one database every replica shares"},
     )  # fmt: skip
     responses_ttl: float = field(
         default=30 * 24 * 3600.0, metadata={"help": "seconds a stored response is kept (0: until deleted)"}
     )
+    responses_lease: float = field(
+        default=60.0,
+        metadata={"help": "seconds a queued or in-progress background response may go without its replica's "
+                          "heartbeat before it is stored as failed (the replica stopped)"},
+    )  # fmt: skip
     responses_max_bytes: int = field(
         default=8 * 1024 * 1024,
         metadata={"help": "largest stored response (its conversation, input and output as JSON); a larger "
@@ -204,9 +211,11 @@ class Settings:
         for name in ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.responses_lease <= 0:
+            raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
         check_parser(self.tool_call_parser)
-        self.responses_store_path()  # a store URL this server cannot open fails at start
+        self.responses_store_url()  # a store URL this server cannot open fails at start
         if self.chat_template:  # a missing file or a template that does not parse fails at start
             check_template(Path(self.chat_template))
         if self.watermark:  # a bad file fails at start, naming the file and the field
@@ -215,13 +224,29 @@ class Settings:
         if self.protect_metrics and not keys:
             raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
 
-    def responses_store_path(self) -> Path:
-        """The SQLite file of ``responses_store`` (``sqlite:///PATH``); the cache dir's by default."""
+    def responses_store_url(self) -> str:
+        """``responses_store`` checked: ``sqlite:///PATH`` (the cache dir's file by default) or a
+        PostgreSQL URL; anything else is a ValueError naming the flag (the password never shown)."""
         cache_dir = Path(self.cache_dir or Path.home() / ".cache" / "decoda")
         url = self.responses_store or f"sqlite:///{cache_dir}/responses.db"
+        if url.partition("://")[0] in POSTGRES_SCHEMES:
+            problem = postgres_url_problem(url)
+            if problem:
+                raise ValueError(f"responses_store (--responses-store) {problem}: {POSTGRES_URL_SHAPE}, got "
+                                 f"{redacted_url(url)!r}")  # fmt: skip
+            return url
         scheme, sep, path = url.partition("://")
         if not sep or scheme != "sqlite" or not path.startswith("/") or path == "/":
-            raise ValueError(f"responses_store must be sqlite:///PATH, got {url!r} (PostgreSQL is not served yet)")
+            raise ValueError(f"responses_store (--responses-store) must be sqlite:///PATH or {POSTGRES_URL_SHAPE}, "
+                             f"got {redacted_url(url)!r}")  # fmt: skip
+        return url
+
+    def responses_store_path(self) -> Path:
+        """The SQLite file of ``responses_store`` (``sqlite:///PATH``); the cache dir's by default."""
+        url = self.responses_store_url()
+        scheme, _, path = url.partition("://")
+        if scheme != "sqlite":
+            raise ValueError(f"responses_store is not an SQLite file: {redacted_url(url)!r}")
         return Path(path[1:] if path.startswith("//") else path)
 
 

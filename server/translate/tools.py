@@ -92,12 +92,11 @@ class ToolUse:
     def grammar(self, answer: StructuredOutput | None = None) -> StructuredOutput | None:
         """The reply's constraint whenever tools are offered (``call_grammar``); None with "none".
         ``answer``: the request's own constraint (``response_format``), which under "auto" is the
-        shape of a reply that calls nothing; with "required" or a named function it cannot apply."""
-        if answer is None:
+        shape of a reply that calls nothing. With "required" or a named function this reply is calls
+        only, so the answer's shape is the next turn's (OpenAI's reading: agents force a tool, then
+        ask for the typed answer on the same settings)."""
+        if answer is None or self.choice not in (None, "auto"):
             return call_grammar(self.offered(), self.choice, self.parallel)
-        if self.choice not in (None, "auto"):
-            raise ParameterError(f"tool_choice {self.describe_choice()} constrains the reply to tool calls; it "
-                                 f"cannot be combined with {answer.param}", param="tool_choice")  # fmt: skip
         if answer.kind != "json":
             raise ParameterError(f"{answer.param} {answer.kind} cannot be combined with tools; a reply is either "
                                  "a JSON answer or tool calls (use a JSON schema)", param=answer.param)  # fmt: skip

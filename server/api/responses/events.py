@@ -9,6 +9,13 @@
 ``response.completed`` (or ``response.incomplete``, or ``response.failed`` with the error). The
 tool-call parser holds back text that may start a call (as chat's stream does), and the logprobs of
 held text go out with the next delta, so the deltas carry every entry the final object does.
+
+A background response starts with ``response.created`` and ``response.queued`` (status queued),
+then ``response.in_progress`` once its runner starts; a cancelled one ends with
+``response.cancelled``. A response that ends early (failed, cancelled) closes its open message as
+``incomplete``, so its final object holds every text its deltas sent. ``ResponseEvents`` records how
+its text went out (``deltas``: each delta's characters and logprob entries), which is what
+``server.api.responses.replay`` needs to rebuild the same events from the final object.
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import aclosing
 from typing import Any
 
-from decoding import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
+from decoding import FinishReason, RequestOutput, SequenceDelta
 from server.api.responses.format import (
     LENGTH,
     ResponseBuilder,
@@ -45,8 +52,9 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []  # finished items
         self.message: dict[str, Any] | None = None  # the open message item
         self.text = ""
-        self.logprobs: list[TokenLogprob] = []  # the open message's entries, sent so far
-        self.held: list[TokenLogprob] = []  # entries whose text the parser still holds
+        self.logprobs: list[dict[str, Any]] = []  # the open message's entries (as output), sent so far
+        self.held: list[dict[str, Any]] = []  # entries (as output) whose text the parser still holds
+        self.deltas: dict[int, list[list[int]]] = {}  # output index -> [characters, entries] of each text delta
         self.finish_reason: str | None = None
         self.counts = (0, 0, 0)  # input, cached, output tokens
 
@@ -60,6 +68,15 @@ class ResponseEvents:
         return [self._event("response.created", response=snapshot),
                 self._event("response.in_progress", response=snapshot)]  # fmt: skip
 
+    def queued(self) -> list[dict[str, str]]:
+        """A background response's first events: created, and waiting for its runner."""
+        snapshot = self.builder.response("queued", [])
+        return [self._event("response.created", response=snapshot),
+                self._event("response.queued", response=snapshot)]  # fmt: skip
+
+    def in_progress(self) -> list[dict[str, str]]:
+        return [self._event("response.in_progress", response=self.builder.response("in_progress", []))]
+
     def feed(self, output: RequestOutput) -> list[dict[str, str]]:
         generated = self.counts[2] + sum(len(delta.token_ids) for delta in output.deltas)
         self.counts = (output.num_prompt_tokens, output.num_cached_tokens, generated)
@@ -70,7 +87,7 @@ class ResponseEvents:
         return events
 
     def _delta(self, delta: SequenceDelta) -> list[dict[str, str]]:
-        self.held.extend(delta.logprobs or [])
+        self.held.extend(output_logprobs(delta.logprobs or []))
         text, calls = delta.text, []
         if self.parser is not None:
             text, calls = self.parser.feed(delta.text)
@@ -85,10 +102,10 @@ class ResponseEvents:
             self.finish_reason = delta.finish_reason.value
         return events
 
-    def _open_message(self) -> list[dict[str, str]]:
+    def _open_message(self, item_id: str | None = None) -> list[dict[str, str]]:
         if self.message is not None:
             return []
-        self.message = message_item(new_id("msg"), [], "in_progress")
+        self.message = message_item(item_id or new_id("msg"), [], "in_progress")
         self.text, self.logprobs = "", []
         index = len(self.output)
         return [self._event("response.output_item.added", output_index=index, item=self.message),
@@ -100,20 +117,23 @@ class ResponseEvents:
         sent, self.held = self.held, []
         self.text += text
         self.logprobs.extend(sent)
+        self.deltas.setdefault(len(self.output), []).append([len(text), len(sent)])
         assert self.message is not None
         events.append(self._event("response.output_text.delta", item_id=self.message["id"],
                                   output_index=len(self.output), content_index=0, delta=text,
-                                  logprobs=output_logprobs(sent) if self.builder.logprobs else []))  # fmt: skip
+                                  logprobs=sent if self.builder.logprobs else []))  # fmt: skip
         return events
 
-    def _close_message(self) -> list[dict[str, str]]:
+    def _close_message(self, status: str | None = None) -> list[dict[str, str]]:
         if self.message is None:
             return []
         self.logprobs.extend(self.held)
         self.held = []
         index, item_id = len(self.output), self.message["id"]
-        part = text_part(self.text, self.logprobs if self.builder.logprobs else None)
-        status = "incomplete" if self.finish_reason == LENGTH else "completed"
+        part = text_part(self.text, None)
+        if self.builder.logprobs:
+            part["logprobs"] = self.logprobs
+        status = status or ("incomplete" if self.finish_reason == LENGTH else "completed")
         item = message_item(item_id, [part], status)
         self.output.append(item)
         self.message = None
@@ -142,8 +162,40 @@ class ResponseEvents:
         events.extend(self._close_message())
         return events, self.builder.finished(self.output, self.finish_reason, usage(*self.counts))
 
+    def replay_message(self, item: dict[str, Any], deltas: list[list[int]] | None) -> list[dict[str, str]]:
+        """A finished message item's events again, its text cut as ``deltas`` recorded it went out (one
+        delta when unknown), through the same event code as the live stream."""
+        part = item["content"][0]
+        text, entries = part["text"], list(part.get("logprobs", []))
+        if deltas is None:
+            deltas = [[len(text), len(entries)]] if text else []
+        events = self._open_message(item["id"])
+        start = used = 0
+        for chars, count in deltas:
+            self.held = entries[used : used + count]
+            events.extend(self._text(text[start : start + chars]))
+            start, used = start + chars, used + count
+        self.held = entries[used:]
+        return events + self._close_message(item["status"])
+
+    def replay_call(self, item: dict[str, Any]) -> list[dict[str, str]]:
+        """A function_call item's events again (its item id derives from its ``call_id``, as live)."""
+        return self._call(ToolCall(item["name"], item["arguments"], item["call_id"]))
+
+    def interrupted(self, status: str, error: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], dict]:
+        """The events closing the open message (as incomplete) and the final object of a response that
+        ended early: ``failed`` with ``error``, or ``cancelled``; its output is what was produced."""
+        events = self._close_message("incomplete")
+        return events, self.builder.response(status, self.output, usage(*self.counts), error=error)
+
     def final_event(self, response: dict[str, Any]) -> dict[str, str]:
         return self._event(f"response.{response['status']}", response=response)
+
+
+def failure(exc: Exception, response_id: str) -> dict[str, Any]:
+    """A failed response's ``error``: the API error the exception is, as code and message."""
+    error = from_exception(exc, response_id)
+    return {"code": error.code or "server_error", "message": error.message}
 
 
 async def response_events(
@@ -167,7 +219,8 @@ async def response_events(
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        error = from_exception(exc, events.builder.response_id)
-        response = events.builder.failed(events.output, error.code or "server_error", error.message)
+        closing, response = events.interrupted("failed", failure(exc, events.builder.response_id))
+        for event in closing:
+            yield event
     await keep(response)
     yield events.final_event(response)

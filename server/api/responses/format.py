@@ -88,9 +88,6 @@ class ResponseBuilder:
         incomplete = finish_reason == LENGTH
         return self.response("incomplete" if incomplete else "completed", output, usage_, incomplete=incomplete)
 
-    def failed(self, output: list[dict[str, Any]], code: str, message: str) -> dict[str, Any]:
-        return self.response("failed", output, error={"code": code, "message": message})
-
     def body(self, collected: Collected) -> dict[str, Any]:
         """The non-streamed response."""
         state = collected.choices.get(0) or ChoiceState(0, finish_reason=LENGTH)

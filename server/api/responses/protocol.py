@@ -9,9 +9,11 @@ tools, ``text.format`` becomes chat's ``response_format`` (the same constraint p
 ["message.output_text.logprobs"]`` chat's logprobs.
 
 Refused with a 400 naming the field and saying why: tool types other than function (this server
-runs no hosted tools), ``background`` (not served yet), ``truncation: "auto"`` (a conversation
-that does not fit is a 400 rather than silently losing its oldest turns), ``n`` above 1 (a
-response has one output), chat's ``response_format`` (``text.format`` is this API's spelling).
+runs no hosted tools), ``background`` with ``store: false`` (a background response is polled by id),
+``n`` above 1 (a response has one output), chat's ``response_format`` (``text.format`` is this
+API's spelling). ``truncation: "auto"`` drops the conversation's oldest items until it fits
+(``server.api.responses.truncation``); ``"disabled"``, the default, keeps a conversation that does
+not fit a 400.
 """
 
 from __future__ import annotations
@@ -99,27 +101,12 @@ class Reasoning(Strict):
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
-def _not_background(value: Any) -> Any:  # noqa: ANN401
-    if value is True:
-        raise ParameterError("background responses are not served yet; send the request without background",
-                             param="background")  # fmt: skip
-    return value
-
-
-def _no_auto_truncation(value: Any) -> Any:  # noqa: ANN401
-    if value == "auto":
-        raise ParameterError('truncation "auto" is not supported: a conversation longer than the context is a 400 '
-                             'rather than silently losing its oldest turns; use "disabled"',
-                             param="truncation")  # fmt: skip
-    return value
-
-
 class ResponsesRequest(GenerationFields, RequestHints):
     input: str | list[InputItem] = Field(default_factory=list)
     instructions: str | None = None
     previous_response_id: str | None = None
     store: bool | None = True  # OpenAI's default (null too): the response can be retrieved and continued
-    background: Annotated[bool | None, BeforeValidator(_not_background)] = None
+    background: bool | None = None
     tools: list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]] | None = None
     tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
     parallel_tool_calls: bool | None = None
@@ -127,11 +114,14 @@ class ResponsesRequest(GenerationFields, RequestHints):
     max_output_tokens: int | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None
-    truncation: Annotated[Literal["auto", "disabled"] | None, BeforeValidator(_no_auto_truncation)] = None
+    truncation: Literal["auto", "disabled"] | None = None
     reasoning: Reasoning | None = None
 
     def params(self, model_defaults: dict[str, Any] | None, max_model_len: int = 1 << 30) -> GenerationParams:
         """Validated params; as chat's, the default length is what the context leaves once rendered."""
+        if self.background and self.store is False:
+            raise ParameterError("a background response is stored (it is polled, streamed and cancelled by id): "
+                                 "background: true needs store: true", param="store")  # fmt: skip
         params = to_params(self, default_max_tokens=max_model_len, model_defaults=model_defaults,
                            logprobs=self.logprobs_count())  # fmt: skip
         if params.n != 1:
@@ -185,7 +175,11 @@ class ResponsesRequest(GenerationFields, RequestHints):
         return {"tools": self.tools}
 
     def rendered_texts(self) -> dict[str, list[str]]:
-        texts = [text for item in self.input_items() for text in item_texts(item)]
+        """What must fit the context in characters: the input, or with ``truncation: "auto"`` its last
+        item only (older ones may be dropped), with the instructions and the tools."""
+        items = self.input_items()
+        kept = items[-1:] if self.truncation == "auto" else items
+        texts = [text for item in kept for text in item_texts(item)]
         texts += [self.instructions] if self.instructions is not None else []
         tools = self.template_tools()
         return {"input": texts + ([json.dumps(tools)] if tools else []), **super().rendered_texts()}
@@ -208,9 +202,9 @@ class ResponsesRequest(GenerationFields, RequestHints):
             "tool_choice": choice or "auto",
             "tools": [tool.model_dump() for tool in self.tools or []],
             "text": {"format": text_format},
-            "truncation": "disabled",
+            "truncation": self.truncation or "disabled",
             "user": self.user,
-            "background": False,
+            "background": self.background is True,
             "reasoning": {"effort": None, "summary": None},
             "service_tier": "default",
         }

@@ -1,4 +1,5 @@
-"""``/v1/responses``: create (one body or the semantic event stream), retrieve, delete, list input items.
+"""``/v1/responses``: create (one body or the semantic event stream), retrieve (or resume a background
+response's stream), cancel, delete, list input items.
 
 Creating walks chat's path (``server.api.generation``): the body translated once, then the
 conversation (the stored one of ``previous_response_id``, then this request's input) rendered by the
@@ -6,27 +7,45 @@ chat template, then the context's room, admission, submission. A response with `
 default) is kept in the responses store (``server.api.responses.store``, opened on first use from
 ``--responses-store``) before its last event or its body goes out. With API keys configured, every
 read names the caller (a digest of its key) and another caller's response is a 404, as if absent.
+
+``background: true`` stores the response as ``queued`` and answers at once (or streams its events):
+the generation runs from a task the app owns (``server.api.responses.background``), which a client
+that goes away does not stop; polling, ``?stream=true&starting_after=N`` and ``cancel`` find it by id.
+At start-up, and when a read finds a response unfinished that no task here runs, the responses whose
+replica stopped heart-beating ``--responses-lease`` seconds ago are stored as failed.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from functools import partial
 from typing import Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from sse_starlette.sse import EventSourceResponse
 from starlette.exceptions import HTTPException
 from starlette.types import Receive, Scope, Send
 
-from server.api.generation import admitted, engine_of, engine_rows, served_model, submit, templated, translated
+from server.api.generation import admitted, engine_of, engine_rows, served_model, submit, translated
+from server.api.responses.background import (
+    BackgroundRun,
+    BackgroundRuns,
+    fail_stale,
+    heartbeat_seconds,
+    resumed_events,
+)
 from server.api.responses.events import ResponseEvents, response_events
 from server.api.responses.format import ResponseBuilder
-from server.api.responses.items import new_id, template_messages
+from server.api.responses.items import new_id
 from server.api.responses.protocol import ResponsesRequest
-from server.api.responses.store import ResponseStore, SqliteResponseStore, StoredResponse, page, stored_size
+from server.api.responses.replay import public
+from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse, page, stored_size
+from server.api.responses.stores import open_store
+from server.api.responses.truncation import rendered
 from server.http.auth import require_api_key
 from server.http.errors import APIError
 from server.http.limits import caller_hold, caller_key
@@ -48,15 +67,33 @@ class OneResourceRoute(APIRoute):
         await super().handle(scope, receive, send)
 
 
-router = APIRouter(dependencies=[Depends(require_api_key)], route_class=OneResourceRoute)
+@asynccontextmanager
+async def background_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    """At start-up, fail the background responses a stopped replica left unfinished; at shutdown, let
+    this replica's runs end while the engine drains, then store the rest as failed."""
+    settings = app.state.settings
+    try:
+        failed = await fail_stale(store_of(Request({"type": "http", "app": app})), settings.responses_lease)
+        if failed:
+            logger.warning("%d background responses whose replica stopped were stored as failed", failed)
+    except Exception:  # an unreachable store fails its requests, not the start
+        logger.exception("failing the stale background responses at start-up")
+    try:
+        yield
+    finally:
+        await runs_of(app).stop(settings.drain_timeout + 1)
+
+
+router = APIRouter(dependencies=[Depends(require_api_key)], route_class=OneResourceRoute,
+                   lifespan=background_lifespan)  # fmt: skip
 
 
 def store_of(request: Request) -> ResponseStore:
-    """The app's responses store, made on first use from its settings (it opens its file off the loop)."""
+    """The app's responses store, made on first use from ``--responses-store`` (SQLite or PostgreSQL: it
+    connects on its first query; the app closes it at shutdown)."""
     store = getattr(request.app.state, "responses_store", None)
     if store is None:
-        settings = request.app.state.settings
-        store = SqliteResponseStore(settings.responses_store_path(), settings.responses_ttl)
+        store = open_store(request.app.state.settings)
         request.app.state.responses_store = store
     return store
 
@@ -70,10 +107,23 @@ def not_found(response_id: str, param: str) -> APIError:
     return APIError(404, f"No response found with id '{response_id}'", param=param, code="response_not_found")
 
 
+def runs_of(app: FastAPI) -> BackgroundRuns:
+    """The background responses this app runs (made on first use)."""
+    runs = getattr(app.state, "responses_runs", None)
+    if runs is None:
+        runs = app.state.responses_runs = BackgroundRuns()
+    return runs
+
+
 async def stored(request: Request, response_id: str, param: str = "response_id") -> StoredResponse:
-    found = await store_of(request).get(response_id, owner_of(request))
+    """The caller's stored response; one left unfinished by a replica that stopped is failed first."""
+    store, owner = store_of(request), owner_of(request)
+    found = await store.get(response_id, owner)
     if found is None:
         raise not_found(response_id, param)
+    if found.response["status"] in UNFINISHED and runs_of(request.app).get(response_id) is None:
+        if await fail_stale(store, request.app.state.settings.responses_lease):
+            found = await store.get(response_id, owner) or found
     return found
 
 
@@ -84,7 +134,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
     earlier: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
-        earlier = (await stored(request, body.previous_response_id, "previous_response_id")).continued()
+        previous = await stored(request, body.previous_response_id, "previous_response_id")
+        if previous.response.get("status") in UNFINISHED:  # its output is not there yet to continue from
+            raise APIError(400, f"Previous response with id '{body.previous_response_id}' is still "
+                           f"{previous.response['status']}; continue it once it has finished",
+                           param="previous_response_id", code="previous_response_not_finished")  # fmt: skip
+        earlier = previous.continued()
     input_items = body.input_items()
     conversation = earlier + input_items
     cap = request.app.state.settings.responses_max_bytes
@@ -93,8 +148,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         raise APIError(400, f"the conversation is larger than a stored response may be ({cap} bytes, "
                        "--responses-max-bytes); start a new one or send store: false", param="input",
                        code="conversation_too_large")  # fmt: skip
-    messages = template_messages(body.instructions, conversation)
-    prompt_ids, params = await templated(client, body, params, messages, body.template_tools())
+    prompt_ids, params = await rendered(client, body, params, conversation)
     params = await admitted(client, params, [prompt_ids], "input")
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []
@@ -112,6 +166,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             return
         await store_of(request).put(row)
 
+    if body.background:
+        row = StoredResponse(builder.response_id, owner_of(request), {}, input_items, conversation)
+        return await start_background(request, body, builder, row, await submit(client, row.id, [prompt_ids], params))
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
@@ -124,13 +181,71 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     return JSONResponse(response)
 
 
+async def start_background(request: Request, body: ResponsesRequest, builder: ResponseBuilder, row: StoredResponse,
+                           streams: list) -> Response:  # fmt: skip
+    """Store the response as queued and hand it to a task the app owns; answer with the queued object,
+    or follow its events (a client that goes away stops reading, not the run)."""
+    settings = request.app.state.settings
+    row.response = builder.response("queued", [])
+    try:
+        await store_of(request).put(row)
+    except BaseException:
+        for stream in streams:
+            await stream.aclose()  # nothing will run it: abort it in the engine
+        raise
+    run = BackgroundRun(row, ResponseEvents(builder), streams, store_of(request),
+                        heartbeat=heartbeat_seconds(settings.responses_lease),
+                        max_bytes=settings.responses_max_bytes)  # fmt: skip
+    runs_of(request.app).start(run)
+    if body.stream:
+        return EventSourceResponse(run.log.follow(), ping=15)
+    return JSONResponse(row.response)
+
+
 @router.get("/v1/responses/{response_id}")
-async def retrieve_response(response_id: str, request: Request) -> Response:
-    return JSONResponse((await stored(request, response_id)).response)
+async def retrieve_response(
+    response_id: str, request: Request, stream: bool = False, starting_after: int | None = None
+) -> Response:
+    """The stored response; with ``stream=true`` a background response's events after ``starting_after``
+    (all of them without it), live until it ends."""
+    found = await stored(request, response_id)
+    if not stream:
+        return JSONResponse(public(found.response))
+    if not found.response.get("background"):
+        raise APIError(400, "only a background response's events can be streamed again; retrieve this one "
+                       "without stream", param="stream")  # fmt: skip
+    lease = request.app.state.settings.responses_lease
+    after = -1 if starting_after is None else starting_after
+    return EventSourceResponse(resumed_events(runs_of(request.app), store_of(request), found, after, lease), ping=15)
+
+
+@router.post("/v1/responses/{response_id}/cancel")
+async def cancel_response(response_id: str, request: Request) -> Response:
+    """Abort a queued or in-progress background response, stored as cancelled with what it made; a
+    finished one is returned unchanged."""
+    found = await stored(request, response_id)
+    if not found.response.get("background"):
+        raise APIError(400, "Only background responses can be cancelled", param="response_id")
+    runs = runs_of(request.app)
+    run = runs.get(response_id)
+    if run is not None:
+        return JSONResponse(await runs.cancel(run))
+    if found.response["status"] not in UNFINISHED:
+        return JSONResponse(public(found.response))
+    # running on another replica: its runner reads the row at its next heartbeat and stops
+    cancelled = {**public(found.response), "status": "cancelled"}
+    found.response = cancelled
+    await store_of(request).put(found)
+    return JSONResponse(cancelled)
 
 
 @router.delete("/v1/responses/{response_id}")
 async def delete_response(response_id: str, request: Request) -> Response:
+    runs = runs_of(request.app)
+    run = runs.get(response_id)
+    if run is not None and run.row.owner == owner_of(request):  # a deleted response stops running
+        run.deleted = True
+        await runs.cancel(run)
     if not await store_of(request).delete(response_id, owner_of(request)):
         raise not_found(response_id, "response_id")
     return JSONResponse({"id": response_id, "object": "response", "deleted": True})
