@@ -3,7 +3,7 @@
 The public API for the HTTP layer is re-exported here; nothing in this package imports fastapi.
 """
 
-from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.client_api import EngineClient, EngineUnavailableError, LoraBusyError, QueueFullError, ServedModel
 from decoding.config import EngineConfig
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob, TopLogprob
 from decoding.params import GenerationParams, ParameterError, Strategy, resolve_strategy
@@ -15,6 +15,7 @@ __all__ = [
     "EngineUnavailableError",
     "FinishReason",
     "GenerationParams",
+    "LoraBusyError",
     "ModelFacts",
     "ParameterError",
     "QueueFullError",

@@ -25,6 +25,10 @@ class QueueFullError(RuntimeError):
         self.retry_after = retry_after
 
 
+class LoraBusyError(RuntimeError):
+    """An adapter cannot be unloaded while requests use it (the HTTP layer answers 409)."""
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine is not accepting requests (still loading, draining for shutdown, or its worker died)."""
 
@@ -40,6 +44,8 @@ class ServedModel:
     model_type: str = ""  # the config's model_type, e.g. "llama"
     dtype: str = ""  # the weights' float type (float32, bfloat16, float16)
     quantization: str = "none"  # --quantization: none, gguf, int8, int4
+    parent: str | None = None  # a LoRA adapter's base model (role "lora"), as vLLM lists it
+    root: str | None = None  # where a LoRA adapter was loaded from
 
 
 class EngineClient(ABC):
@@ -65,6 +71,27 @@ class EngineClient(ABC):
     @abstractmethod
     def served_models(self) -> list[ServedModel]: ...
 
+    def serves_loras(self) -> bool:
+        """Whether the server serves LoRA adapters at all (``--lora-modules`` or ``--lora-dir``)."""
+        return False
+
+    def lora_names(self) -> list[str]:
+        """The LoRA adapters a request may name as its ``model`` (none unless the server serves them)."""
+        return []
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        """Load a PEFT adapter folder (already checked to be under ``--lora-dir``) under ``name``.
+
+        Raises ``ParameterError`` with why it cannot be served (``param="lora_path"``), or naming a
+        name already taken (``param="lora_name"``)."""
+        raise ParameterError("this server serves no LoRA adapters (start it with --lora-dir)", param="lora_name",
+                             code="lora_disabled")  # fmt: skip
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        """Forget an adapter. Raises ``ParameterError`` code ``model_not_found`` for an unknown name and
+        ``LoraBusyError`` while requests use it (they are never switched to other weights)."""
+        raise ParameterError(f"The LoRA adapter '{name}' does not exist", param="lora_name", code="model_not_found")
+
     @abstractmethod
     def is_alive(self) -> bool:
         """The worker is running (False once it died or stopped): ``/health`` answers 503 otherwise."""
@@ -86,15 +113,33 @@ class EngineClient(ABC):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     @abstractmethod
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
-        """Token ids of the rendered conversation plus the generation prompt; ``tools`` (OpenAI's
-        function tools) are rendered by the template too.
+    async def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
+        """Token ids of the rendered conversation plus the generation prompt (unless
+        ``add_generation_prompt`` is false); ``tools`` (OpenAI's function tools) are rendered by the
+        template too. ``add_special_tokens``: the tokenizer's own (a BOS) added to the rendered text,
+        which a template usually writes itself (vLLM's ``/tokenize`` option).
 
         Raises ``ParameterError(param="messages")`` when the tokenizer has no chat template.
         """
 
     @abstractmethod
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str: ...
+
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        """Each id's vocabulary entry (the tokenizer's ``convert_ids_to_tokens``; here: its text alone)."""
+        return [await self.decode([token_id]) for token_id in token_ids]
+
+    def chat_template_source(self) -> str | None:
+        """The source of the chat template a conversation with tools renders through, None when unknown
+        (``--tool-call-parser auto`` picks the format whose call markers it writes)."""
+        return None
 
     def check_request(
         self, params: GenerationParams, prompts: Sequence[Sequence[int]], prompt_param: str = "prompt"

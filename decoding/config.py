@@ -30,3 +30,13 @@ class EngineConfig:
     trust_remote_code: bool = False  # allows loading custom_generate code
     chat_template: str | None = None  # a Jinja file replacing the model's chat template (--chat-template)
     tool_chat_template: str | None = None  # the file used for tool conversations the model's template ignores
+    # LoRA adapters (decoding/model/lora): (name, folder, vLLM's base_model_name or None) loaded at start
+    lora_modules: list[tuple[str, str, str | None]] = field(default_factory=list)
+    lora_dir: str | None = None  # runtime loading (POST /v1/load_lora_adapter) reads only folders under it
+    max_loras: int = 4  # adapters resident at once; more are kept loaded and swapped in least recently used
+    max_lora_rank: int = 16  # the highest adapter rank served (the stacked matrices' width per adapter)
+
+    @property
+    def serves_loras(self) -> bool:
+        """Adapters are served (the projections wrapped) when some are named or runtime loading is on."""
+        return bool(self.lora_modules) or self.lora_dir is not None

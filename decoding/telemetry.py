@@ -38,3 +38,7 @@ class EngineObserver:
     def on_grammar_failed(self, reason: str) -> None:
         """A request's constraint could not go on (``reason``: "error", its matcher's error state, or
         "budget", its masks over their time budget): the request failed with a 400."""
+
+    def on_lora_requests(self, running: list[str], waiting: list[str], max_loras: int) -> None:
+        """The LoRA adapters running requests use now, those waiting requests need, and ``--max-loras``
+        (vLLM's ``lora_requests_info``: what a LoRA-aware router reads)."""

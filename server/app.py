@@ -32,6 +32,7 @@ from server.http.errors import install_error_handlers
 from server.http.limits import RequestLimits
 from server.http.metrics import Metrics
 from server.output.streaming import close_remaining_streams, drain_streams_on_shutdown
+from server.output.tool_parser import resolve_parser
 from server.playground import playground_router
 from server.translate.presets import load_presets
 
@@ -54,6 +55,11 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
 
             app.state.engine = await asyncio.to_thread(start_engine_client, config, metrics)
             logger.info("serving %s on http://%s:%d", app.state.engine.model_name, settings.host, settings.port)
+        # --tool-call-parser auto: the format the served chat template writes, said once at start
+        settings.tool_call_parser, chosen = resolve_parser(
+            settings.tool_call_parser, app.state.engine.chat_template_source()
+        )
+        logger.info(chosen)
         app.state.loop = asyncio.get_running_loop()
         try:
             yield

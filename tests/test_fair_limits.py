@@ -71,3 +71,14 @@ def test_the_api_description_needs_a_key_unless_public_docs(tmp_path):
     assert run(fetch(closed, KEY)) == [200, 200, 200]
     assert run(fetch(_app_settings(tmp_path, "--public-docs"))) == [200, 200, 200]
     assert run(fetch(settings_from([], tmp_path=tmp_path))) == [200, 200, 200]  # no keys: nothing to guard
+
+
+def test_a_caller_is_its_key_whether_sent_as_bearer_or_x_api_key():
+    from server.http.limits import caller_key
+
+    def scope(*headers: tuple[bytes, bytes]) -> dict:
+        return {"headers": list(headers), "client": ("10.0.0.1", 1)}
+
+    bearer = caller_key(scope((b"authorization", b"Bearer k1")))
+    assert bearer == caller_key(scope((b"x-api-key", b"k1"))) != caller_key(scope((b"x-api-key", b"k2")))
+    assert caller_key(scope()) == "anonymous"

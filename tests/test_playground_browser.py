@@ -299,13 +299,49 @@ def test_copied_snippets_are_requests_the_server_accepts(session, tmp_path):
 
     session.pane("A").locator('[data-copy="python"]').click()
     python = page.locator("#snippet textarea").input_value()
+    page.click("#snippet .close")
     assert "extra_body={" in python and '"do_sample": True' in python and "seed=7" in python
     script = tmp_path / "snippet.py"
     script.write_text(python)
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=GENERATION_TIMEOUT)
     assert out.returncode == 0, out.stderr
     assert re.search(r"\d+ tokens\s*$", out.stdout)
+
+    session.pane("A").locator('[data-copy="anthropic"]').click()
+    anthropic = page.locator("#snippet textarea").input_value()
+    page.click("#snippet .close")
+    assert "client.messages.stream(" in anthropic and 'system="You are terse."' in anthropic
+    assert '"seed": 7' in anthropic and '"do_sample": True' in anthropic
+    script.write_text(anthropic)
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=GENERATION_TIMEOUT)
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"\d+ tokens\s*$", out.stdout)
     assert session.sent == []  # copying sends nothing
+    assert session.problems == []
+
+
+def test_reasoning_is_folded_above_the_answer(session):
+    """A server with --reasoning-parser streams the thinking as delta.reasoning_content (and
+    delta.reasoning, the same text): the page shows it folded above the answer, counted once."""
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}]
+    chunks += [{"choices": [{"index": 0, "delta": {"reasoning_content": part, "reasoning": part}}]}
+               for part in ("The user ", "greets me.")]  # fmt: skip
+    chunks += [{"choices": [{"index": 0, "delta": {"content": "Hello!"}, "finish_reason": "stop"}]},
+               {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 6, "total_tokens": 9}}]  # fmt: skip
+    stream = "".join(f"data: {json.dumps(chunk)}\n\n" for chunk in chunks) + "data: [DONE]\n\n"
+    def answer(route: object) -> None:
+        route.fulfill(status=200, content_type="text/event-stream", body=stream)
+
+    session.page.route(f"{session.base}/v1/chat/completions", answer)
+    session.send("Hi")
+    session.wait_idle()
+    reply = session.last_reply()
+    folded = reply.locator("details.reasoning")
+    assert folded.count() == 1 and folded.get_attribute("open") is None
+    assert folded.locator(".reasoning-text").text_content() == "The user greets me."
+    assert reply.locator(".content").first.inner_text() == "Hello!"
+    folded.locator("summary").click()
+    assert folded.locator(".reasoning-text").is_visible()
     assert session.problems == []
 
 

@@ -186,6 +186,27 @@ def test_continuing_an_unfinished_background_response_is_a_400_until_it_finishes
     run(go())
 
 
+def test_a_background_response_counts_against_its_caller_until_it_ends(tmp_path):
+    """--max-concurrency-per-key counts a background run's rows until the run ends, not its request."""
+
+    async def go() -> None:
+        replica = Replica(tmp_path, engine=PiecesEngine("a slow answer", pieces=20, delay=0.05),
+                          max_concurrency_per_key=1)  # fmt: skip
+        created = await replica.create()
+        busy = await replica.http.post(RESPONSES, json={"input": "meanwhile", "max_output_tokens": 2})
+        assert busy.status_code == 429, busy.text
+        await replica.finished(created["id"])
+        await until(lambda: _idle(replica))
+        free = await replica.http.post(RESPONSES, json={"input": "now", "max_output_tokens": 2})
+        assert free.status_code == 200, free.text
+
+    run(go())
+
+
+async def _idle(replica: Replica) -> bool:
+    return not replica.app.state.responses_runs.runs if hasattr(replica.app.state, "responses_runs") else True
+
+
 def test_cancel_refuses_a_foreground_response_and_404s_an_unknown_one(tmp_path):
     async def go() -> None:
         replica = Replica(tmp_path)

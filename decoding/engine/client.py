@@ -19,7 +19,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.client_api import EngineClient, EngineUnavailableError, LoraBusyError, QueueFullError, ServedModel
 from decoding.engine.worker import Worker
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
@@ -88,7 +88,8 @@ class WorkerEngineClient(EngineClient):
         templates: ChatTemplates | None = None,
         served_model: ServedModel | None = None,
     ) -> None:
-        """``served_model``: the target's ``/v1/models`` entry (architecture, dtype, quantization)."""
+        """``served_model``: the target's ``/v1/models`` entry (architecture, dtype, quantization). The LoRA
+        adapters the engine loaded at start are listed from it (``worker.engine.loras``)."""
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
@@ -110,6 +111,11 @@ class WorkerEngineClient(EngineClient):
         self._compiler = compiler
         self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
         self._observer = observer or EngineObserver()
+        loras = getattr(worker.engine, "loras", None)
+        self._loras: dict[str, ServedModel] = {
+            name: self._lora_entry(name, loras.path_of(name)) for name in (loras.names if loras else [])
+        }
+        self._lora_of: dict[str, str] = {}  # request id in flight -> its adapter (unload refuses while any)
 
     # ---- model facts -------------------------------------------------------------------------------
     @property
@@ -121,7 +127,55 @@ class WorkerEngineClient(EngineClient):
         return self._facts
 
     def served_models(self) -> list[ServedModel]:
-        return [self._served_model, *self._assistants]
+        return [self._served_model, *self._assistants, *self._loras.values()]
+
+    # ---- LoRA adapters -----------------------------------------------------------------------------------
+    def serves_loras(self) -> bool:
+        return getattr(self.worker.engine, "loras", None) is not None
+
+    def lora_names(self) -> list[str]:
+        return list(self._loras)
+
+    def _lora_entry(self, name: str, path: str) -> ServedModel:
+        target = self._served_model
+        return ServedModel(name, "lora", target.max_model_len, target.architecture, target.model_type, target.dtype,
+                           target.quantization, parent=target.name, root=path)  # fmt: skip
+
+    async def load_lora_adapter(self, name: str, path: str) -> None:
+        if getattr(self.worker.engine, "loras", None) is None:
+            await super().load_lora_adapter(name, path)
+        if name in self._loras or name == self._served_name or name in {a.name for a in self._assistants}:
+            raise ParameterError(f"the name '{name}' is already served; unload it first or choose another",
+                                 param="lora_name", code="lora_name_taken")  # fmt: skip
+        try:
+            await asyncio.wrap_future(self.worker.call(lambda engine: engine.loras.load(name, path)))
+        except ValueError as error:  # LoraRefused: the reason the adapter cannot be served as PEFT runs it
+            raise ParameterError(str(error), param="lora_path", code="lora_refused") from error
+        self._loras[name] = self._lora_entry(name, path)
+
+    async def unload_lora_adapter(self, name: str) -> None:
+        if name not in self._loras:
+            await super().unload_lora_adapter(name)
+        with self._lock:  # no request can start on it between this check and its removal from the list
+            in_flight = sum(1 for adapter in self._lora_of.values() if adapter == name)
+            if in_flight:
+                raise LoraBusyError(f"the LoRA adapter '{name}' has {in_flight} request(s) in flight; unload it "
+                                    "once they finish")  # fmt: skip
+            removed = self._loras.pop(name)
+
+        def unload(engine: object) -> None:
+            requests = [request.params for request in engine.requests.values()]  # type: ignore[attr-defined]
+            engine.loras.unload(name, requests)  # type: ignore[attr-defined]
+
+        try:
+            await asyncio.wrap_future(self.worker.call(unload))
+        except Exception:  # LoraInUse (a LoraBusyError): a request the engine holds still uses it
+            self._loras[name] = removed  # still loaded: list it again
+            raise
+
+    def _ended(self, request_id: str) -> None:
+        self._in_flight.discard(request_id)
+        self._lora_of.pop(request_id, None)
 
     def is_alive(self) -> bool:
         return self.worker.alive
@@ -143,7 +197,14 @@ class WorkerEngineClient(EngineClient):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return await self._off_loop(lambda: list(self.tokenizer.encode(text, add_special_tokens=add_special_tokens)))
 
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    async def apply_chat_template(
+        self,
+        messages: list[dict],
+        tools: list[dict] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        add_special_tokens: bool = False,
+    ) -> list[int]:
         template = self._templates.choose(bool(tools))
         if template is None:
             raise ParameterError(
@@ -157,7 +218,14 @@ class WorkerEngineClient(EngineClient):
             options["tools"] = tools
 
         def render() -> list[int]:
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, **options)
+            if add_special_tokens:
+                text = self.tokenizer.apply_chat_template(
+                    messages, add_generation_prompt=add_generation_prompt, tokenize=False, **options
+                )
+                return list(self.tokenizer.encode(text, add_special_tokens=True))
+            ids = self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=add_generation_prompt, tokenize=True, **options
+            )
             if isinstance(ids, dict) or hasattr(ids, "input_ids"):
                 ids = ids["input_ids"]
             return list(ids)
@@ -172,6 +240,18 @@ class WorkerEngineClient(EngineClient):
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return await self._off_loop(lambda: self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens))
+
+    async def token_strings(self, token_ids: list[int]) -> list[str]:
+        return await self._off_loop(lambda: list(self.tokenizer.convert_ids_to_tokens(token_ids)))
+
+    def chat_template_source(self) -> str | None:
+        template = self._templates.choose(has_tools=True)
+        if template != MODEL_TEMPLATE:
+            return template
+        source = getattr(self.tokenizer, "chat_template", None)
+        if isinstance(source, dict):  # a tokenizer with named templates: the tool one when it has one
+            source = source.get("tool_use") or source.get("default")
+        return source if isinstance(source, str) else None
 
     # ---- structured outputs, on the compile thread --------------------------------------------------------
     async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
@@ -208,6 +288,11 @@ class WorkerEngineClient(EngineClient):
                 )
             if self.worker.num_pending >= self._max_queue:
                 raise QueueFullError(f"the waiting queue is full ({self._max_queue} requests); retry later")
+            if params.lora_name is not None:
+                if params.lora_name not in self._loras:  # unloaded since the route looked
+                    raise ParameterError(f"The model '{params.lora_name}' does not exist", param="model",
+                                         code="model_not_found")  # fmt: skip
+                self._lora_of[request_id] = params.lora_name
             loop = asyncio.get_running_loop()
             outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
 
@@ -219,7 +304,7 @@ class WorkerEngineClient(EngineClient):
 
             self._in_flight.add(request_id)
             self.worker.submit(request_id, list(prompt_ids), params, sink)
-        return OutputStream(request_id, outputs, self.worker.abort, on_end=self._in_flight.discard)
+        return OutputStream(request_id, outputs, self.worker.abort, on_end=self._ended)
 
     async def abort(self, request_id: str) -> None:
         self.worker.abort(request_id)

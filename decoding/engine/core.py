@@ -21,6 +21,7 @@ from decoding.custom.loading import LoadedMethod
 from decoding.engine import prefill, sample_stage
 from decoding.engine.drafting import Drafter
 from decoding.engine.limits import EngineLimits, assistant_drafters, kv_pool_for
+from decoding.engine.lora import EngineLoras, LoraLimits, check_adapter
 from decoding.engine.scheduler import Scheduler
 from decoding.kv.pool import OutOfBlocksError
 from decoding.model.runner import ModelRunner, RowInput
@@ -58,15 +59,18 @@ class Engine:
         observer: EngineObserver | None = None,
         assistants: dict[str, object] | None = None,
         custom_methods: dict[str, LoadedMethod] | None = None,
+        lora: LoraLimits | None = None,
     ) -> None:
         """``assistants``: name -> a model sharing the target's tokenizer, or a
-        ``(model, tokenizer, eos ids)`` tuple for one that drafts through text."""
+        ``(model, tokenizer, eos ids)`` tuple for one that drafts through text; ``lora``: serve adapters."""
         self.pool = kv_pool_for(model, limits, device)
-        self.runner = ModelRunner(model, self.pool, device)
+        self.loras = EngineLoras(model, self.pool, lora) if lora is not None else None
+        residency = self.loras.residency if self.loras is not None else None
+        self.runner = ModelRunner(model, self.pool, device, residency)
         self.drafter = Drafter(self.runner, assistant_drafters(assistants or {}, limits, self.pool, device),
                                set(eos_token_ids), tokenizer)  # fmt: skip
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
-        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer)
+        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer, residency)
         self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
         self.ctx = EngineContext.for_model(
@@ -107,6 +111,7 @@ class Engine:
         if params.custom_generate is not None:
             self.custom.add(request_id, prompt_ids, params)
             return
+        check_adapter(self.loras, params)
         request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
         strategy = make_strategy(request, self.ctx)
         self.strategies[request_id] = strategy

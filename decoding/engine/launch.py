@@ -24,6 +24,7 @@ from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine.client import ChatTemplates, WorkerEngineClient
 from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
+from decoding.engine.lora import LoraLimits
 from decoding.engine.prebuild import start_builds
 from decoding.engine.warmup import warm_up
 from decoding.engine.worker import Worker
@@ -162,7 +163,13 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
             for name, assistant in assistants.items()
         },
         custom_methods=custom_methods,
+        lora=LoraLimits(config.max_loras, config.max_lora_rank) if config.serves_loras else None,
     )
+    if engine.loras is not None:  # --lora-modules: loaded (or refused, with the reason) before serving
+        engine.loras.served_names = tuple(dict.fromkeys([config.served_model_name or loaded.served_name,
+                                                         loaded.served_name]))  # fmt: skip
+        for name, path, base_model_name in config.lora_modules:
+            engine.loras.load(name, path, base_model_name)
     if config.compile:
         seconds = warm_up(engine, loaded.tokenizer("Warm up the compiled layers.").input_ids)
         logger.info("compiled the forward in %.0f s, before serving", seconds)

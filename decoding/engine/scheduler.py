@@ -24,7 +24,9 @@ from __future__ import annotations
 
 from collections import deque
 
+from decoding.kv.blocks import adapter_root
 from decoding.kv.pool import KVPool, SwappedRows
+from decoding.model.lora import LoraResidency
 from decoding.model.runner import RowInput
 from decoding.strategies import DecodingStrategy
 from decoding.telemetry import EngineObserver
@@ -46,8 +48,14 @@ def admission_blocks(prompt_blocks: int, num_rows: int, num_blocks: int) -> int:
 
 
 class Scheduler:
-    def __init__(self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None) -> None:
+    def __init__(
+        self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None,
+        loras: LoraResidency | None = None,
+    ) -> None:  # fmt: skip
+        """``loras``: the LoRA adapters; a request with one is admitted once its adapter is resident."""
         self.pool = pool
+        self.loras = loras
+        self._adapter_slot: dict[int, int] = {}  # id(strategy) -> the bank slot its adapter holds
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_floor = max(1, int(max_num_batched_tokens * PREFILL_FLOOR_FRACTION))
         self.reserve = reserve_blocks(pool.blocks.num_blocks)
@@ -106,6 +114,7 @@ class Scheduler:
                 needed = admission_blocks(prompt_blocks, strategy.num_slots, self.pool.blocks.num_blocks)
                 unfit.append((strategy, self._too_big(needed, strategy)))
                 self.remove(strategy)
+        self._report_adapters()
         return admitted, unfit
 
     def _too_big(self, blocks: int, strategy: DecodingStrategy) -> str:
@@ -120,7 +129,11 @@ class Scheduler:
         request, pool = strategy.request, self.pool
         if pool.num_free < strategy.num_slots:
             return False
+        adapter = self._take_adapter(strategy)
+        if adapter is None:  # its adapter needs a bank slot, and running requests hold every one
+            return False
         strategy.assign_slots([pool.allocate() for _ in range(strategy.num_slots)])
+        self._bind_adapter(strategy, adapter)
         slot, prompt = strategy.prefill_slot, request.prompt_ids
         cached = 0
         if strategy.reuses_prefix:  # at least the last prompt token is computed: its logits start decoding
@@ -130,6 +143,7 @@ class Scheduler:
         if pool.blocks.num_free < needed:
             for held in strategy.release_slots():
                 pool.free(held)
+            self._let_go_adapter(strategy)
             return False
         pool.prepare(slot, cached, len(prompt))
         request.num_prefilled = cached
@@ -194,3 +208,36 @@ class Scheduler:
                 self.pool.register(slot, token_ids)
         for slot in strategy.release_slots():
             self.pool.free(slot)
+        self._let_go_adapter(strategy)
+
+    # ---- LoRA adapters ---------------------------------------------------------------------------------
+    def _take_adapter(self, strategy: DecodingStrategy) -> int | None:
+        """The bank slot of the request's adapter (0: none), or None while no slot can hold it."""
+        name = strategy.request.params.lora_name
+        if name is None or self.loras is None:
+            return 0
+        return self.loras.acquire(name)
+
+    def _bind_adapter(self, strategy: DecodingStrategy, adapter: int) -> None:
+        """Every row of the request runs its adapter; its prefix blocks are keyed under the adapter."""
+        if self.loras is None:
+            return
+        held = strategy.held_slots()
+        self.loras.bind(held, adapter)  # a base request's rows too: a row handle may have served an adapter
+        if adapter == 0:
+            return
+        self._adapter_slot[id(strategy)] = adapter
+        root = adapter_root(self.loras.uids[strategy.request.params.lora_name])
+        for slot in held:
+            self.pool.set_root(slot, root)
+
+    def _let_go_adapter(self, strategy: DecodingStrategy) -> None:
+        adapter = self._adapter_slot.pop(id(strategy), None)
+        if adapter is not None and self.loras is not None:
+            self.loras.release(adapter)
+
+    def _report_adapters(self) -> None:
+        if self.loras is None:
+            return
+        waiting = {s.request.params.lora_name for s in (*self.waiting, *self.preempted)} - {None}
+        self.observer.on_lora_requests(self.loras.running_names(), sorted(waiting), self.loras.max_loras)

@@ -19,6 +19,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
@@ -56,6 +57,14 @@ class _Abort:
 
 class _Stop:
     pass
+
+
+@dataclass
+class _Call:
+    """Work on the engine between two steps (loading a LoRA adapter): nothing else touches it meanwhile."""
+
+    work: Callable[[Engine], object]
+    done: Future
 
 
 class Worker:
@@ -115,6 +124,14 @@ class Worker:
         if custom is not None:
             custom.cancel(request_id)
 
+    def call(self, work: Callable[[Engine], object]) -> Future:
+        """Run ``work(engine)`` on the worker thread between two steps; its result (or exception) in the future."""
+        done: Future = Future()
+        self._inbox.put(_Call(work, done))
+        if self._stopped.is_set():
+            self._fail_inbox(self._end_message)
+        return done
+
     def stop(self, timeout: float | None = None) -> None:
         """End the loop after the current step; whatever is still running or queued then fails as
         "unavailable" (the drain deadline passed: the client may retry elsewhere)."""
@@ -162,6 +179,11 @@ class Worker:
                 )
         elif isinstance(command, _Abort):
             self.engine.abort(command.request_id)
+        elif isinstance(command, _Call):
+            try:
+                command.done.set_result(command.work(self.engine))
+            except Exception as exc:  # the caller's to answer (a refused adapter is a 400, not a dead worker)
+                command.done.set_exception(exc)
         elif isinstance(command, _Stop):
             return False
         return True
@@ -228,6 +250,8 @@ class Worker:
             if isinstance(command, _Submit):
                 output = RequestOutput(command.request_id, finished=True, error=message, error_code=UNAVAILABLE)
                 self._tell(command.sink, output)
+            elif isinstance(command, _Call) and not command.done.done():
+                command.done.set_exception(RuntimeError(message))
 
     @staticmethod
     def _tell(sink: Sink, output: RequestOutput) -> None:

@@ -15,7 +15,15 @@ from __future__ import annotations
 import heapq
 from collections import OrderedDict
 
-ROOT = 0  # the parent entry of a sequence's first block
+ROOT = 0  # the parent entry of a sequence's first block (the base model's)
+
+
+def adapter_root(adapter_uid: int) -> int:
+    """The parent entry of a sequence's first block under a LoRA adapter (its never-reused load id,
+    ``model.lora.residency``): negative, so it is no registered entry's id and no other adapter's root.
+    K/V computed through one adapter's projections are keyed under its own root: two adapters (or an
+    adapter and the base) never share blocks for the same prompt."""
+    return ROOT if adapter_uid == 0 else -adapter_uid
 
 
 class OutOfBlocksError(RuntimeError):
@@ -103,13 +111,14 @@ class BlockAllocator:
             self._key_of[block] = key
         return entry
 
-    def match(self, token_ids: list[int], block_size: int, max_tokens: int) -> list[int]:
+    def match(self, token_ids: list[int], block_size: int, max_tokens: int, root: int = ROOT) -> list[int]:
         """The cached blocks holding the longest prefix of ``token_ids`` (at most ``max_tokens``
-        tokens, in whole blocks), in order; the caller ``share``s the ones it keeps."""
+        tokens, in whole blocks) under ``root`` (``adapter_root``), in order; the caller ``share``s the
+        ones it keeps."""
         blocks: list[int] = []
         if not self.prefix_caching:
             return blocks
-        parent = ROOT
+        parent = root
         for begin in range(0, max_tokens - block_size + 1, block_size):
             found = self._entries.get((parent, tuple(token_ids[begin : begin + block_size])))
             if found is None:

@@ -95,6 +95,7 @@ class KVPool:
         self.num_slots = num_slots
         self.tables: list[list[int]] = [[] for _ in range(num_slots)]
         self._registered = [_Registered() for _ in range(num_slots)]
+        self._roots = [ROOT] * num_slots  # each row's prefix-cache root: its LoRA adapter's (blocks.adapter_root)
         self._free_slots = list(range(num_slots))
         self.num_copied_blocks = 0  # copy-on-write copies made (a test reads it: beams share prefixes)
 
@@ -172,7 +173,14 @@ class KVPool:
         if slot in self._free_slots:
             raise ValueError(f"KV row {slot} freed twice")
         self.truncate(slot, 0)
+        self._roots[slot] = ROOT
+        self._registered[slot] = _Registered()
         self._free_slots.append(slot)
+
+    def set_root(self, slot: int, root: int) -> None:
+        """Key the row's prefix-cache blocks under ``root`` (its adapter's, ``blocks.adapter_root``)."""
+        self._roots[slot] = root
+        self._registered[slot] = _Registered(parent=root)
 
     def truncate(self, slot: int, num_tokens: int) -> None:
         """Let go of the row's blocks past its first ``num_tokens`` positions."""
@@ -183,7 +191,7 @@ class KVPool:
         del table[keep:]
         registered = self._registered[slot]
         if registered.num_blocks > keep:
-            self._registered[slot] = _Registered()
+            self._registered[slot] = _Registered(parent=self._roots[slot])
 
     # ---- writing ---------------------------------------------------------------------------------
     def blocks_needed(self, slot: int, start: int, end: int) -> int:
@@ -213,7 +221,7 @@ class KVPool:
             table.append(self.blocks.take())
         registered = self._registered[slot]
         if registered.num_blocks > first:
-            self._registered[slot] = _Registered()
+            self._registered[slot] = _Registered(parent=self._roots[slot])
 
     def _copy_block(self, src: int, dst: int) -> None:
         for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
@@ -244,7 +252,7 @@ class KVPool:
     def attach_prefix(self, slot: int, token_ids: list[int], max_tokens: int) -> int:
         """Start an empty row from cached blocks holding a prefix of ``token_ids`` (at most
         ``max_tokens``); returns how many tokens it got for free."""
-        blocks = self.blocks.match(token_ids, self.block_size, max_tokens)
+        blocks = self.blocks.match(token_ids, self.block_size, max_tokens, self._roots[slot])
         for block in blocks:
             self.blocks.share(block)
         self.tables[slot] = list(blocks)

@@ -25,6 +25,7 @@ from decoding.model.anatomy import decoder_layers, final_norm
 from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.model.compile import is_compiled
 from decoding.model.cuda_graphs import DecodeGraphs, wants_cuda_graphs
+from decoding.model.lora import LoraResidency
 
 
 class _ExitReached(Exception):
@@ -50,8 +51,12 @@ class RowInput:
 
 
 class ModelRunner:
-    def __init__(self, model: torch.nn.Module, pool: KVPool, device: torch.device) -> None:
+    def __init__(
+        self, model: torch.nn.Module, pool: KVPool, device: torch.device, lora: LoraResidency | None = None
+    ) -> None:
+        """``lora``: the adapters of a model whose projections are wrapped (``decoding.model.lora``)."""
         self.model = model
+        self.lora = lora
         self.pool = pool
         self.device = device
         self.layers = decoder_layers(model)
@@ -70,7 +75,8 @@ class ModelRunner:
         (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
         in the same slots, where the full forward that verifies the drafts rewrites them.
         """
-        if self.graphs is not None and num_layers is None and self.graphs.serves(inputs):
+        adapters = self._adapters(inputs)  # a step with adapters never replays a graph captured without
+        if self.graphs is not None and num_layers is None and not adapters and self.graphs.serves(inputs):
             replayed = self.graphs.forward(inputs)
             if replayed is not None:
                 return replayed
@@ -96,7 +102,10 @@ class ModelRunner:
         input_ids = torch.tensor([flat_ids], dtype=torch.long, device=self.device)  # [1, num_tokens]
         wanted = sorted({layer for row in inputs for layer in row.hidden_layers})
         early_exit = num_layers is not None and num_layers < self.num_layers
-        compiled = self.compiled and not (wanted or early_exit)
+        # with adapters the step runs eagerly: a compiled graph was traced with no adapter step
+        token_adapters = [adapters[inputs[i].slot] for i in order for _ in inputs[i].token_ids] if adapters else []
+        lora_step = self.lora.bank.step_for(token_adapters) if adapters else None
+        compiled = self.compiled and not (wanted or early_exit or lora_step)
         keep_index = torch.tensor(keep or [len(flat_ids) - 1], dtype=torch.long, device=self.device)
         captured: dict[int, torch.Tensor] = {}
         with ExitStack() as context:
@@ -110,6 +119,8 @@ class ModelRunner:
             # of families that do not pass their keyword arguments down (StableLM); eager ones that
             # do get it as an argument, which skips the custom op's dispatch
             context.enter_context(active_layout(layout, compiled))
+            if lora_step is not None:
+                context.enter_context(self.lora.bank.active(lora_step))
             kwargs = {} if compiled else {LAYOUT_KWARG: layout}
             try:
                 out_logits = self.model(
@@ -127,6 +138,13 @@ class ModelRunner:
             }
         logits = out_logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _adapters(self, inputs: list[RowInput]) -> dict[int, int]:
+        """Each row's adapter slot by KV slot, or nothing when no row of the step has an adapter."""
+        if self.lora is None:
+            return {}
+        slots = {row.slot: self.lora.kv_adapter[row.slot] for row in inputs}
+        return slots if any(slots.values()) else {}
 
     def _decode_call(
         self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor, layout: StepLayout

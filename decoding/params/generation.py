@@ -99,6 +99,8 @@ class GenerationParams:
     # --- OpenAI's Predicted Outputs: text the reply is expected to repeat, a draft source for prompt lookup ---
     prediction: str | None = None  # text the server tokenizes into prediction_ids before submitting
     prediction_ids: list[int] | None = None  # searched before the row's own tokens (engine/drafting.py)
+    # --- LoRA adapters (issue 42): the adapter a request's ``model`` names; None runs the base model ---
+    lora_name: str | None = None
     # --- custom decoding methods (issue 11) ---
     # a request's extra fields, the method's keyword arguments (server/translate/fields.py collects them)
     custom_generate_args: dict[str, object] | None = None

@@ -20,8 +20,12 @@ from server.api.chat import protocol as chat_protocol
 from server.api.chat import route as chat_route
 from server.api.completions import protocol as completions_protocol
 from server.api.completions import route as completions_route
+from server.api.lora import route as lora_route
+from server.api.messages import protocol as messages_protocol
+from server.api.messages import route as messages_route
 from server.api.responses import protocol as responses_protocol
 from server.api.responses import route as responses_route
+from server.api.tokenize import route as tokenize_route
 from server.api.watermark import route as watermark_route
 
 GENERATION_ERRORS = ("400", "401", "404", "413", "429", "500", "503")
@@ -47,7 +51,12 @@ APIS: tuple[Api, ...] = (
                                  "/v1/responses/{response_id}/cancel": ("400", "401", "404", "429", "500"),
                                  "/v1/responses/{response_id}/input_items": ("400", "401", "404", "429", "500")},
         (responses_protocol.ResponsesRequest,)),
+    Api(messages_route.router, {}, (messages_protocol.MessagesRequest,), (("MessagesRequest", "messages"),)),
+    Api(tokenize_route.router, {"/tokenize": ("400", "401", "404", "413", "429", "500", "503"),
+                                "/detokenize": ("400", "401", "404", "413", "429", "500", "503")}),
     Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),
+    Api(lora_route.router, {"/v1/load_lora_adapter": ("400", "401", "413", "429", "500", "503"),
+                            "/v1/unload_lora_adapter": ("400", "401", "404", "409", "413", "429", "500", "503")}),
     Api(presets.router, {"/v1/presets": ("401", "429", "500")}),  # loaded at start: answers while the model loads
     Api(custom_generate.router, {"/v1/custom_generate": ("401", "429", "500", "503")}),
 )  # fmt: skip

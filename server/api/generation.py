@@ -19,7 +19,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
-from decoding import EngineClient, GenerationParams, RequestOutput
+from decoding import EngineClient, GenerationParams, ParameterError, RequestOutput
 from decoding.params import guidance_active
 from server.http.errors import APIError, unavailable
 from server.http.limits import caller_hold
@@ -48,11 +48,27 @@ def engine_of(request: Request) -> EngineClient:
 
 
 def served_model(client: EngineClient, model: str | None) -> str:
-    """The name responses carry; ``model`` may be omitted since one model is served (as vLLM allows)."""
+    """The name responses carry; ``model`` may be omitted since one model is served (as vLLM allows), or
+    name a LoRA adapter the server serves (``--lora-modules``, ``/v1/load_lora_adapter``), as vLLM's does."""
     if model is not None and model != client.model_name:
-        raise APIError(404, f"The model '{model}' does not exist; this server serves '{client.model_name}'",
+        if model in client.lora_names():
+            return model
+        adapters = client.lora_names()
+        also = f" and the LoRA adapters {', '.join(adapters)}" if adapters else ""
+        raise APIError(404, f"The model '{model}' does not exist; this server serves '{client.model_name}'{also}",
                        param="model", code="model_not_found")  # fmt: skip
     return client.model_name
+
+
+def with_adapter(client: EngineClient, body: GenerationFields, params: GenerationParams) -> GenerationParams:
+    """The LoRA adapter the body's ``model`` names (``served_model`` checked it exists), into the params."""
+    model = getattr(body, "model", None)
+    if model is None or model == client.model_name:
+        return params
+    if params.custom_generate is not None:
+        raise ParameterError(f"custom_generate runs the base model's own generate(); it cannot run the LoRA "
+                             f"adapter '{model}'", param="model", code="unsupported")  # fmt: skip
+    return params.replace(lora_name=model)
 
 
 def translated(request: Request, client: EngineClient, body: Body, **endpoint: Any) -> tuple[Body, GenerationParams]:
@@ -61,7 +77,8 @@ def translated(request: Request, client: EngineClient, body: Body, **endpoint: A
     model's defaults."""
     check_body_sizes(client, body)
     body = presets_of(request).apply(body)  # request > preset > model defaults
-    params = body.params(client.generation_defaults, **endpoint)
+    body = body.with_tool_format(request.app.state.settings.tool_call_parser)  # the calls the parser reads
+    params = with_adapter(client, body, body.params(client.generation_defaults, **endpoint))
     return body, with_server_watermark(request, params)  # request > server default
 
 

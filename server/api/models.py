@@ -1,4 +1,6 @@
-"""``GET /v1/models``: the served model and its assistants, with what a client needs to size requests."""
+"""``GET /v1/models``: the served model, its assistants and its LoRA adapters (``parent``: the model an
+adapter runs on, ``root``: where it was loaded from, as vLLM lists them), with what a client needs to
+size requests."""
 
 from __future__ import annotations
 
@@ -28,6 +30,8 @@ async def models(request: Request) -> dict:
             "model_type": m.model_type,
             "dtype": m.dtype,
             "quantization": m.quantization,
+            "parent": m.parent,
+            **({"root": m.root} if m.root is not None else {}),
         }  # fmt: skip
         for m in client.served_models()
     ]

@@ -29,7 +29,8 @@ API_PREFIX = "/v1/"
 ERROR_STATUSES = {
     "400": "A bad parameter, an unknown field, or fields that do not go together; `param` names the field",
     "401": "Missing or wrong API key (only when the server has keys configured)",
-    "404": "Unknown model or assistant model",
+    "404": "Unknown model, LoRA adapter or assistant model",
+    "409": "The LoRA adapter has requests in flight; unload it once they finish",
     "413": "Request body over --max-request-bytes",
     "429": "The waiting queue is full, or this API key has --max-concurrency-per-key requests open",
     "500": "A server bug; the message names the request id",
@@ -208,7 +209,8 @@ def _constrain_request(model_schema: dict[str, Any], engine: Any) -> None:
         branch["additionalProperties"] = {"type": "number", **BOUNDS["logit_bias"].json_schema()}
         branch["propertyNames"] = {"pattern": "^[0-9]+$"}
     names = [m.name for m in engine.served_models()]
-    _constrain(props["model"], {"enum": names[:1]}, ("string",))
+    if not engine.serves_loras():  # with LoRA adapters (loaded and unloaded at runtime) there is no fixed list
+        _constrain(props["model"], {"enum": names[:1]}, ("string",))
     assistants = [m.name for m in engine.served_models() if m.role == "assistant"]
     if assistants:
         _constrain(props["assistant_model"], {"enum": assistants}, ("string",))

@@ -15,7 +15,9 @@ from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
 from decoding.text.chat_template import check_chat_template
+from server.config.lora_modules import parse_lora_modules
 from server.config.store_url import POSTGRES_SCHEMES, POSTGRES_URL_SHAPE, postgres_url_problem, redacted_url
+from server.output.reasoning import check_reasoning_parser
 from server.output.tool_parser import check_parser
 
 # the tool-capable ChatML template shipped for models whose own template ignores tools (config/ in a
@@ -76,6 +78,21 @@ class Settings:
     default_assistant: str | None = field(
         default=None, metadata={"help": "assistant NAME used by greedy/sampling requests that name none"}
     )
+    lora_modules: str | None = field(
+        default=None,
+        metadata={"help": "LoRA adapter to serve, NAME=PATH or vLLM's JSON {\"name\", \"path\", \"base_model_name\"} "
+                          "(repeatable; comma-separated in the environment and yaml): a PEFT folder; requests name it "
+                          "as their model"},
+    )  # fmt: skip
+    lora_dir: str | None = field(
+        default=None,
+        metadata={"help": "folder whose adapter folders POST /v1/load_lora_adapter may load (runtime loading is "
+                          "off without it; a path outside it, a symlink leaving it included, is refused)"},
+    )  # fmt: skip
+    max_loras: int = field(
+        default=4, metadata={"help": "LoRA adapters resident at once (more stay loaded and take turns, LRU)"}
+    )
+    max_lora_rank: int = field(default=16, metadata={"help": "highest LoRA rank served; a higher one is refused"})
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     api_key: str | None = field(
@@ -134,8 +151,18 @@ class Settings:
                   "embedded SmolLM2's) uses config/chat_templates/hermes_tools.jinja"},
     )  # fmt: skip
     tool_call_parser: str = field(
-        default="hermes", metadata={"help": "how tool calls are read from the reply: hermes (<tool_call> JSON)"}
-    )
+        default="hermes",
+        metadata={"help": "how the model writes tool calls (read from its reply, and forced by the call grammar): "
+                  "hermes (Qwen 2.5/3: <tool_call> JSON), llama3_json (Llama 3.1-3.3), pythonic (Llama 3.2/4 "
+                  "small models), mistral ([TOOL_CALLS]), openai (GPT-OSS's harmony), or auto: the one whose "
+                  "markers the chat template writes, else hermes (the start-up log says which)"},
+    )  # fmt: skip
+    reasoning_parser: str = field(
+        default="none",
+        metadata={"help": "how a reasoning model's thinking is split from its answer (vLLM's names): none | "
+                          "deepseek_r1 (the prompt opened <think>) | qwen3 (a <think> block first) | think (blocks "
+                          "anywhere); constraints then apply to the answer only"},
+    )  # fmt: skip
     responses_store: str | None = field(
         default=None,
         metadata={"help": "where /v1/responses keeps stored responses: sqlite:///PATH (default: "
@@ -199,6 +226,10 @@ class Settings:
             cache_dir=self.cache_dir,
             chat_template=self.chat_template,
             tool_chat_template=shipped_tool_template(),
+            lora_modules=parse_lora_modules(self.lora_modules),
+            lora_dir=self.lora_dir,
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
         )
 
     def check(self) -> None:
@@ -211,10 +242,17 @@ class Settings:
         for name in ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("max_loras", "max_lora_rank"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        parse_lora_modules(self.lora_modules)  # a malformed --lora-modules fails at start
+        if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
+            raise ValueError(f"--lora-dir {self.lora_dir}: no such folder")
         if self.responses_lease <= 0:
             raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
         check_parser(self.tool_call_parser)
+        check_reasoning_parser(self.reasoning_parser)
         self.responses_store_url()  # a store URL this server cannot open fails at start
         if self.chat_template:  # a missing file or a template that does not parse fails at start
             check_template(Path(self.chat_template))

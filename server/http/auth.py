@@ -1,4 +1,7 @@
-"""Optional bearer-token auth: with API keys configured, /v1/* requests must carry one of them.
+"""Optional API-key auth: with API keys configured, /v1/* requests must carry one of them.
+
+A key is sent as ``Authorization: Bearer <key>`` (OpenAI's clients) or as ``x-api-key: <key>``
+(Anthropic's, which also send ``anthropic-version``), on every route, as vLLM accepts both.
 
 Keys come from ``Settings.api_keys()`` (``--api-key``, repeatable; ``DECODA_API_KEY``,
 comma-separated; ``--api-keys-file``), read once when the app is built. The check compares the
@@ -31,19 +34,32 @@ def key_digests(keys: list[str]) -> list[bytes]:
     return [_digest(k.encode()) for k in keys]
 
 
-def token_matches(authorization: str, digests: list[bytes]) -> bool:
-    """Whether an ``Authorization`` header carries one of the keys; looks at every key every time."""
-    scheme, _, token = authorization.partition(" ")
+def key_matches(key: str, digests: list[bytes]) -> bool:
+    """Whether ``key`` is one of the keys; looks at every key every time."""
     # header values arrive decoded as latin-1: encoding back gives the bytes that were sent
-    candidate = _digest(token.strip().encode("latin-1", errors="replace"))
+    candidate = _digest(key.strip().encode("latin-1", errors="replace"))
     matched = False
     for digest in digests:
         matched |= hmac.compare_digest(candidate, digest)
-    return matched and scheme.lower() == "bearer"
+    return matched
+
+
+def token_matches(authorization: str, digests: list[bytes]) -> bool:
+    """Whether an ``Authorization`` header carries one of the keys as a bearer token."""
+    scheme, _, token = authorization.partition(" ")
+    return key_matches(token, digests) and scheme.lower() == "bearer"
+
+
+def request_has_key(authorization: str | None, x_api_key: str | None, digests: list[bytes]) -> bool:
+    """Whether the request's ``Authorization: Bearer`` or its ``x-api-key`` holds one of the keys
+    (both are compared, whichever is sent)."""
+    bearer = token_matches(authorization or "", digests)
+    header = key_matches(x_api_key, digests) if x_api_key is not None else False
+    return bearer or header
 
 
 def unauthorized() -> APIError:
-    return APIError(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>'",
+    return APIError(401, "Incorrect or missing API key; send 'Authorization: Bearer <key>' or 'x-api-key: <key>'",
                     type_="authentication_error", code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"})  # fmt: skip
 
@@ -52,7 +68,7 @@ async def require_api_key(request: Request) -> None:
     digests = getattr(request.app.state, "api_key_digests", None)
     if not digests:
         return
-    if not token_matches(request.headers.get("authorization", ""), digests):
+    if not request_has_key(request.headers.get("authorization"), request.headers.get("x-api-key"), digests):
         raise unauthorized()
 
 
@@ -67,8 +83,8 @@ class ProtectPaths:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] in self.paths and self.digests:
-            authorization = next((v.decode("latin-1") for k, v in scope["headers"] if k == b"authorization"), "")
-            if not token_matches(authorization, self.digests):
+            headers = {k: v.decode("latin-1") for k, v in scope["headers"] if k in (b"authorization", b"x-api-key")}
+            if not request_has_key(headers.get(b"authorization"), headers.get(b"x-api-key"), self.digests):
                 await unauthorized().response()(scope, receive, send)
                 return
         await self.app(scope, receive, send)

@@ -4,6 +4,11 @@ Handlers map validation problems to 400 naming the field (a nested one by its pa
 wrote it: ``messages[1].content[0].foo``), unknown models to 404, a full queue to 429 with
 ``Retry-After``, a stopped or dead engine to 503 with ``Retry-After``, and anything unexpected to a
 500 that names the request id without leaking a traceback.
+
+An API whose clients read another shape (Anthropic's Messages API) registers it for its paths
+(``register_error_shape``); every error answer is an ``ErrorResponse``, which picks the shape from the
+path it is sent on, so the handlers and the middlewares that refuse before any route (body size, rate
+limits, API keys) answer each API's clients in their own shape without knowing which API it is.
 """
 
 from __future__ import annotations
@@ -11,11 +16,13 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from decoding import EngineUnavailableError, ParameterError, QueueFullError, RequestOutput
 
@@ -43,7 +50,38 @@ class APIError(Exception):
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
     def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return ErrorResponse(self)
+
+
+ErrorShape = Callable[[APIError], dict]
+_ERROR_SHAPES: dict[str, ErrorShape] = {}  # path prefix -> the body its clients read
+
+
+def register_error_shape(prefix: str, shape: ErrorShape) -> None:
+    """Errors on ``prefix`` and the paths under it leave as ``shape(error)`` instead of OpenAI's body."""
+    _ERROR_SHAPES[prefix.rstrip("/")] = shape
+
+
+def error_shape_of(path: str) -> ErrorShape | None:
+    """The shape registered for ``path`` (None: OpenAI's)."""
+    return next((shape for prefix, shape in _ERROR_SHAPES.items() if path == prefix or path.startswith(prefix + "/")),
+                None)  # fmt: skip
+
+
+class ErrorResponse(JSONResponse):
+    """An error's answer, its body in the shape of the path it is sent on: decided when it is sent,
+    since a middleware makes it before any route is known."""
+
+    def __init__(self, error: APIError) -> None:
+        self.error = error
+        super().__init__(error.body(), status_code=error.status, headers=error.headers)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        shape = error_shape_of(scope.get("path", ""))
+        if shape is not None:
+            self.body = self.render(shape(self.error))
+            self.headers["content-length"] = str(len(self.body))
+        await super().__call__(scope, receive, send)
 
 
 def from_exception(exc: Exception, request_id: str | None = None) -> APIError:

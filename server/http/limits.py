@@ -9,7 +9,9 @@ The concurrency limit counts what one caller has open on ``/v1/*`` (streams unti
 engine rows: an HTTP request holds one as it arrives, and a generation request grows its hold to
 the rows it will run (prompts × ``n``, or × ``num_beams`` for beam search, × 2 with guidance's
 unconditional twin) before it reaches the engine, so one request with 128 prompts × ``n`` 64
-cannot take what the limit gives a whole caller (``CallerHold.grow``). With
+cannot take what the limit gives a whole caller (``CallerHold.grow``). A background response's
+rows stay counted until its run ends (``CallerHold.handed_over``): new generations count them,
+polling or cancelling the response does not. With
 API keys configured a caller is its key; without, a bearer token proves nothing (anyone may send
 a fresh one per request and so escape any limit), so a caller is its client address: behind a
 proxy that is the proxy, and the limit acts as a cap for everything it forwards. Excess requests
@@ -45,13 +47,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
 
 
 def caller_key(scope: Scope, keyed: bool = True) -> str:
-    """Who a request counts against: with API keys, a digest of its bearer token (never the key
-    itself), or anonymous; without them, its client address."""
+    """Who a request counts against: with API keys, a digest of its bearer token or ``x-api-key``
+    (never the key itself), or anonymous; without them, its client address."""
     if not keyed:
         client = scope.get("client")
         return f"address {client[0]}" if client else "anonymous"
     scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
+        token = _header(scope, b"x-api-key") or ""  # Anthropic's clients send their key here
+    if not token.strip():
         return "anonymous"
     return hashlib.sha256(token.strip().encode("latin-1", errors="replace")).hexdigest()
 
@@ -59,8 +63,11 @@ def caller_key(scope: Scope, keyed: bool = True) -> str:
 class CallerHold:
     """What one HTTP request holds of its caller's limit; the route grows it to the request's rows."""
 
-    def __init__(self, open_: Counter[str], key: str, limit: int) -> None:
+    def __init__(self, open_: Counter[str], key: str, limit: int, detached: Counter[str] | None = None) -> None:
+        """``open_``: rows of the caller's requests in flight; ``detached``: rows of work that outlived
+        its request (background responses), which new generations count but polling them does not."""
         self.open, self.key, self.limit = open_, key, limit
+        self.detached = Counter() if detached is None else detached
         self.held = 0
 
     def take(self, amount: int) -> None:
@@ -70,20 +77,30 @@ class CallerHold:
     def grow(self, total: int, param: str) -> None:
         """Hold ``total`` rows in all, or refuse: 400 if no caller could ever run that many, 429 if
         this caller's other requests hold the rest."""
-        extra = total - self.held
-        if not self.limit or extra <= 0:
+        if not self.limit:
             return
         if total > self.limit:
             raise APIError(400, f"this request runs {total} engine rows (prompts x n, or x num_beams); at most "
                            f"{self.limit} per caller (--max-concurrency-per-key)", param=param,
                            code="concurrency_limit")  # fmt: skip
-        if self.open[self.key] + extra > self.limit:
+        others = self.open[self.key] - self.held + self.detached[self.key]
+        if others + total > self.limit:
             raise over_limit(self.limit, f"this request needs {total} engine rows and this caller holds "
-                             f"{self.open[self.key]}")  # fmt: skip
-        self.take(extra)
+                             f"{others}")  # fmt: skip
+        if total > self.held:
+            self.take(total - self.held)
+
+    def handed_over(self) -> CallerHold:
+        """The rows this request holds, moved to work that outlives it (a background response): the
+        middleware's release at the request's end frees nothing, the new owner releases them."""
+        kept = CallerHold(self.detached, self.key, self.limit, self.detached)
+        kept.take(self.held)
+        self.release()
+        return kept
 
     def release(self) -> None:
         self.open[self.key] -= self.held
+        self.held = 0
         if self.open[self.key] <= 0:
             del self.open[self.key]
 
@@ -110,6 +127,7 @@ class RequestLimits:
         self.max_request_bytes = max_request_bytes
         self.max_concurrency_per_key = max_concurrency_per_key
         self.open: Counter[str] = Counter()
+        self.detached: Counter[str] = Counter()  # background responses' rows, by caller
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
@@ -135,7 +153,7 @@ class RequestLimits:
                     raise RequestTooLarge(limit)
             return message
 
-        hold = CallerHold(self.open, key, self.max_concurrency_per_key)
+        hold = CallerHold(self.open, key, self.max_concurrency_per_key, self.detached)
         hold.take(1)
         scope.setdefault("state", {})["caller_hold"] = hold
         try:

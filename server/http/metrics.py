@@ -8,6 +8,8 @@ several apps in one process) never collide.
 
 from __future__ import annotations
 
+import time
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -48,6 +50,9 @@ METRIC_DOCS = {
     "decoda_structured_output_failures_total": "requests whose constraint could not go on, answered with an "
     "error (counter; label reason: error, the grammar's own error state, or budget, its masks over their time "
     "budget)",
+    "decoda_lora_requests_info": "LoRA adapters in use, as vLLM's lora_requests_info (gauge, its value the time "
+    "of the last change; labels running_lora_adapters and waiting_lora_adapters: comma-separated adapter names "
+    "running requests use and waiting ones need, max_lora: --max-loras)",
     "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
     "template such as /v1/completions, or unmatched; status: the code, such as 200 or 401)",
 }
@@ -123,6 +128,11 @@ class Metrics(EngineObserver):
         self.grammar_failures = Counter(
             "decoda_structured_output_failures", doc("decoda_structured_output_failures_total"), ["reason"], registry=r
         )
+        self.lora_info = Gauge(
+            "decoda_lora_requests_info", doc("decoda_lora_requests_info"),
+            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=r,
+        )  # fmt: skip
+        self._lora_labels: tuple[str, str, str] | None = None
         self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
@@ -172,6 +182,14 @@ class Metrics(EngineObserver):
 
     def on_grammar_failed(self, reason: str) -> None:
         self.grammar_failures.labels(reason).inc()
+
+    def on_lora_requests(self, running: list[str], waiting: list[str], max_loras: int) -> None:
+        labels = (",".join(running), ",".join(waiting), str(max_loras))
+        if labels == self._lora_labels:
+            return
+        self.lora_info.clear()  # one series: the current adapters (vLLM keeps only the latest too)
+        self.lora_info.labels(*labels).set(time.time())
+        self._lora_labels = labels
 
     # ---- HTTP (event loop) -------------------------------------------------------------------------
     def on_response(self, route: str, status: int) -> None:

@@ -14,12 +14,13 @@ for ``decoding`` to check against its signature.
 from __future__ import annotations
 
 from collections.abc import Sized
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import BeforeValidator, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
 
 from decoding import ParameterError
 from decoding.params.structured import StructuredOutput
+from server.output.tool_formats import DEFAULT_FORMAT
 from server.translate.strict import Strict
 from server.translate.structured import ResponseFormat, StructuredOutputs, structured_output_of
 from server.translate.tools import ToolUse
@@ -153,6 +154,9 @@ class GenerationFields(Strict):
     # with custom_generate, the body's other fields are the method's keyword arguments (checked against
     # its signature in decoding.validation); without it they stay unknown fields (400 naming the first)
     _custom_generate_args: dict[str, Any] = PrivateAttr(default_factory=dict)
+    # how the served model writes tool calls (--tool-call-parser), which the call grammar follows: the
+    # server's, not the client's, so set by the generation path (``with_tool_format``), never sent
+    _tool_format: str = PrivateAttr(default=DEFAULT_FORMAT)
 
     @model_validator(mode="wrap")
     @classmethod
@@ -166,11 +170,20 @@ class GenerationFields(Strict):
             model._custom_generate_args = extra
         return model
 
-
     @property
     def custom_generate_args(self) -> dict[str, Any]:
         """The body's fields beyond this table when it names a ``custom_generate`` method (else empty)."""
         return self._custom_generate_args
+
+    @property
+    def tool_format(self) -> str:
+        return self._tool_format
+
+    def with_tool_format(self, name: str) -> Self:
+        """This body, its tool calls constrained to the format ``name`` (``server.output.tool_formats``)."""
+        body = self.model_copy()
+        body._tool_format = name
+        return body
 
     @property
     def include_usage(self) -> bool:

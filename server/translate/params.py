@@ -194,7 +194,7 @@ def _constraint(body: GenerationFields) -> tuple[StructuredOutput | None, bool]:
     tool_use.check()
     if not tool_use.offered():
         return structured, False
-    return tool_use.grammar(answer=structured), True
+    return tool_use.grammar(answer=structured, tool_format=body.tool_format), True
 
 
 # ---- the other fields, by family ---------------------------------------------------------------------
@@ -220,8 +220,10 @@ def _beam_arguments(body: GenerationFields, defaults: Defaults) -> dict[str, Any
     return {
         "num_beams": 1 if body.num_beams is None else body.num_beams,
         "num_beam_groups": 1 if body.num_beam_groups is None else body.num_beam_groups,
-        "diversity_penalty": (defaults.resolve("diversity_penalty", 0.0) if (body.num_beam_groups or 1) > 1
-                              else body.diversity_penalty) or 0.0,  # fmt: skip
+        "diversity_penalty": (
+            defaults.resolve("diversity_penalty", 0.0) if (body.num_beam_groups or 1) > 1 else body.diversity_penalty
+        )
+        or 0.0,  # fmt: skip
         "length_penalty": float(defaults.resolve("length_penalty", 1.0)),
         "early_stopping": defaults.resolve("early_stopping", False),
         "num_return_sequences": body.num_return_sequences or 1,

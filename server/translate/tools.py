@@ -6,9 +6,10 @@ Responses and Messages APIs' shapes next) become one ``ToolUse``, which the one 
 (``server.translate.params``) reads: the template gets ``template_json()``, the reply's constraint
 ``grammar()``, the output path the parser.
 
-A call is written the Hermes way (``<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>``,
-the convention of the shipped template ``config/chat_templates/hermes_tools.jinja`` and of most open
-models). With ``tool_choice`` "required" or a named function, the reply is constrained to such calls
+A call is written in the served model's format (``--tool-call-parser``: Hermes' ``<tool_call>`` JSON,
+the convention of the shipped template ``config/chat_templates/hermes_tools.jinja``, or Llama 3's
+JSON, pythonic lists, Mistral's ``[TOOL_CALLS]``, GPT-OSS's harmony: ``server.output.tool_formats``).
+With ``tool_choice`` "required" or a named function, the reply is constrained to such calls
 through the same mechanism as structured outputs: a Lark grammar for llguidance whose JSON part is
 the tool's own ``parameters`` schema (``%json``), so even a 135M model returns a call that parses
 and whose arguments validate. With "auto" the model decides and ``server.output.tool_parser`` reads
@@ -24,10 +25,10 @@ from typing import Any, Literal
 from decoding import ParameterError
 from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
+from server.output.tool_formats import DEFAULT_FORMAT, FORMATS, ToolFormat
+from server.output.tool_formats.calls import literal
 from server.translate.strict import Strict
 from server.translate.structured import OpenAIName, closed_objects
-
-OPEN, CLOSE = "<tool_call>", "</tool_call>"  # the Hermes call tags (server.output.tool_parser reads them)
 
 # the call's JSON written compactly, as the template shows it: free whitespace lets a small model loop
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -89,85 +90,87 @@ class ToolUse:
         """The offered tools as chat templates take them (OpenAI's JSON); None when none are offered."""
         return [tool.model_dump(exclude_none=True) for tool in self.offered()] or None
 
-    def grammar(self, answer: StructuredOutput | None = None) -> StructuredOutput | None:
+    def grammar(
+        self, answer: StructuredOutput | None = None, tool_format: str = DEFAULT_FORMAT
+    ) -> StructuredOutput | None:
         """The reply's constraint whenever tools are offered (``call_grammar``); None with "none".
         ``answer``: the request's own constraint (``response_format``), which under "auto" is the
         shape of a reply that calls nothing. With "required" or a named function this reply is calls
         only, so the answer's shape is the next turn's (OpenAI's reading: agents force a tool, then
-        ask for the typed answer on the same settings)."""
+        ask for the typed answer on the same settings). ``tool_format``: how the served model writes calls."""
         if answer is None or self.choice not in (None, "auto"):
-            return call_grammar(self.offered(), self.choice, self.parallel)
+            return call_grammar(self.offered(), self.choice, self.parallel, tool_format=tool_format)
         if answer.kind != "json":
             raise ParameterError(f"{answer.param} {answer.kind} cannot be combined with tools; a reply is either "
                                  "a JSON answer or tool calls (use a JSON schema)", param=answer.param)  # fmt: skip
-        return call_grammar(self.offered(), self.choice, self.parallel, answer=answer.value)
+        return call_grammar(self.offered(), self.choice, self.parallel, answer=answer.value, tool_format=tool_format)
 
     def describe_choice(self) -> str:
         return self.choice if isinstance(self.choice, str) else "naming a function"
 
 
 def call_grammar(
-    tools: list[Tool], tool_choice: ToolChoice | None, parallel: bool, answer: dict[str, Any] | None = None
+    tools: list[Tool],
+    tool_choice: ToolChoice | None,
+    parallel: bool,
+    answer: dict[str, Any] | None = None,
+    tool_format: str = DEFAULT_FORMAT,
 ) -> StructuredOutput | None:
-    """The grammar of a reply that may call ``tools``.
+    """The grammar of a reply that may call ``tools``, written in ``tool_format``
+    (``server.output.tool_formats``: its parser reads back what this grammar lets the model write).
 
     "required": calls only (several when ``parallel``); a named function: exactly one call of it;
-    "auto" (or no choice): free text until the model writes the call tag, then a call that names an
-    offered tool with arguments valid for its ``parameters`` (llguidance's lazy lexeme: the text
-    lexeme ends at the first ``<tool_call>``, as llama.cpp's lazy grammars are triggered by it),
-    then text again, or nothing more when ``parallel`` is false (at most one call). With
-    ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict mode).
-    ``answer`` (a JSON schema, under "auto"): the reply is either calls (the tag first) or that JSON.
+    "auto" (or no choice): the model decides, and a call it opens must be valid: a tagged format's
+    free text ends at the format's opener (llguidance's lazy lexeme, as llama.cpp's lazy grammars are
+    triggered by it), then calls that name offered tools with arguments valid for their ``parameters``,
+    then text again, or nothing more when ``parallel`` is false (at most one call); an anchored
+    format's (Llama 3 JSON, pythonic) calls can only open the reply, any other reply is plain text.
+    With ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict
+    mode). ``answer`` (a JSON schema, under "auto"): the reply is either calls or that JSON.
     """
     if not tools or tool_choice == "none":
         return None
+    fmt = FORMATS[tool_format]
     if isinstance(tool_choice, NamedToolChoice):
         chosen = [tool for tool in tools if tool.function.name == tool_choice.function.name]
     else:
         chosen = tools
-    if tool_choice in (None, "auto"):
-        return _auto_grammar(chosen, parallel) if answer is None else _calls_or_answer(chosen, parallel, answer)
-    alternatives = " | ".join(f"call_{i}" for i in range(len(chosen)))
-    repeat = ' ("\\n" call)*' if parallel and tool_choice == "required" else ""
-    lines = [f"start: call{repeat}", f"call: {alternatives}"]
-    for i, tool in enumerate(chosen):
-        lines.append(f'call_{i}: "{OPEN}\\n" %json {json.dumps(_call_schema(tool))} "\\n{CLOSE}"')
-    return StructuredOutput("grammar", "\n".join(lines) + "\n", param="tool_choice", size_limit="tool_grammar")
+    several = parallel and tool_choice in (None, "auto", "required")
+    if tool_choice not in (None, "auto"):
+        return _with_calls(fmt, chosen, several, ["start: groups"], param="tool_choice")
+    if answer is not None:
+        lines = ["start: groups | answer", f"answer: %json {json.dumps({'x-guidance': _JSON_STYLE, **answer})}"]
+    elif fmt.anchored:
+        lines = ["start: groups | PLAIN", f"PLAIN: /{fmt.plain}/"]
+    else:  # free text, and a call wherever the model writes the opener
+        closer = f" {literal(fmt.closer)}" if fmt.closer else ""
+        lines = [
+            "start: lazy_group* TEXT" if several else "start: TEXT | lazy_group",
+            "TEXT: /(.|\\n)*/",
+            f"lazy_group: text_then_tag calls{closer}",
+            f"text_then_tag[lazy]: TEXT {literal(fmt.opener)}",
+        ]
+    return _with_calls(fmt, chosen, several, lines, param="tools")
 
 
-def _auto_grammar(tools: list[Tool], parallel: bool) -> StructuredOutput:
-    return _with_arguments(tools, [
-        "start: call* TEXT" if parallel else "start: TEXT | call",
-        "TEXT: /(.|\\n)*/",
-        f'call: text_then_tag "\\n" arguments "\\n{CLOSE}"',
-        f'text_then_tag[lazy]: TEXT "{OPEN}"',
-    ])  # fmt: skip
+def _with_calls(fmt: ToolFormat, tools: list[Tool], several: bool, lines: list[str], param: str) -> StructuredOutput:
+    """``lines`` with the rules they build on: ``groups`` (the reply's calls, each group between the
+    format's opener and closer), ``calls`` (a group's) and ``call`` (any of ``tools``, by its own rule).
+    A format that tags each call alone writes several as several groups, one between each
+    ``separator``; a list format, as one group whose calls the ``separator`` parts."""
+    group = " ".join([literal(fmt.opener)] * bool(fmt.opener) + ["calls"] + [literal(fmt.closer)] * bool(fmt.closer))
+    separator = literal(fmt.separator)
+    rules = [
+        f"groups: group ({separator} group)*" if several and fmt.call_per_group else "groups: group",
+        f"group: {group}",
+        f"calls: call ({separator} call)*" if several and not fmt.call_per_group else "calls: call",
+        "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
+    ]
+    for i, tool in enumerate(tools):
+        rules += fmt.call_rules(f"call_{i}", tool.function.name, _arguments_schema(tool), _JSON_STYLE)
+    return StructuredOutput("grammar", "\n".join(lines + rules) + "\n", param=param, size_limit="tool_grammar")
 
 
-def _calls_or_answer(tools: list[Tool], parallel: bool, answer: dict[str, Any]) -> StructuredOutput:
-    return _with_arguments(tools, [
-        "start: calls | answer",
-        'calls: call ("\\n" call)*' if parallel else "calls: call",
-        f'call: "{OPEN}\\n" arguments "\\n{CLOSE}"',
-        f"answer: %json {json.dumps({'x-guidance': _JSON_STYLE, **answer})}",
-    ])  # fmt: skip
-
-
-def _with_arguments(tools: list[Tool], lines: list[str]) -> StructuredOutput:
-    """``lines`` (whose ``arguments`` is any offered tool's call JSON) with the rules that define it."""
-    rules = ["arguments: " + " | ".join(f"arguments_{i}" for i in range(len(tools)))]
-    rules += [f"arguments_{i}: %json {json.dumps(_call_schema(tool))}" for i, tool in enumerate(tools)]
-    return StructuredOutput("grammar", "\n".join(lines + rules) + "\n", param="tools", size_limit="tool_grammar")
-
-
-def _call_schema(tool: Tool) -> dict[str, Any]:
+def _arguments_schema(tool: Tool) -> dict[str, Any]:
     parameters = tool.function.parameters or {"type": "object", "properties": {}}
-    if tool.function.strict:
-        parameters = closed_objects(parameters)
-    return {
-        "x-guidance": _JSON_STYLE,
-        "type": "object",
-        "properties": {"name": {"const": tool.function.name}, "arguments": parameters},
-        "required": ["name", "arguments"],
-        "additionalProperties": False,
-    }
+    return closed_objects(parameters) if tool.function.strict else parameters

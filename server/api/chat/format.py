@@ -1,7 +1,9 @@
 """``/v1/chat/completions`` output: per choice a role chunk, content chunks, tool-call chunks, a finish chunk.
 
 A streamed choice is a ``ChoiceStream``, which owns everything one choice carries from delta to
-delta: whether its role chunk went out, its tool-call parser (which may hold text back), the
+delta: whether its role chunk went out, its reasoning split (``--reasoning-parser``: the thinking goes
+out as ``delta.reasoning_content`` and ``delta.reasoning``, vLLM's two names, before the answer's
+chunks) and its tool-call parser, which reads only the answer (both may hold text back), the
 logprobs of tokens whose text is held back (they go out with the next chunk of that choice, so a
 stream carries every entry the body does), the calls sent so far and the finish. ``ChatFormat``
 only wraps each choice's pieces in chunk envelopes.
@@ -13,6 +15,7 @@ from decoding import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from server.output.collect import ChoiceState, Collected
 from server.output.envelope import Envelope
 from server.output.logprobs import chat_logprobs
+from server.output.reasoning import ReasoningFormat, split_reasoning
 from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
 
 LENGTH = FinishReason.LENGTH.value
@@ -31,12 +34,14 @@ class ChoiceStream:
     """One chat choice as it streams; ``pieces`` turns one engine delta into the choice objects to send."""
 
     def __init__(
-        self, index: int, tool_parser: ParserFactory | None, return_token_ids: bool, legacy: bool = False
-    ) -> None:
+        self, index: int, tool_parser: ParserFactory | None, return_token_ids: bool, legacy: bool = False,
+        reasoning: ReasoningFormat | None = None,
+    ) -> None:  # fmt: skip
         """``legacy``: the request used OpenAI's ``functions``: its one call is ``function_call``."""
         self.legacy = legacy
         self.index = index
         self.parser = tool_parser() if tool_parser is not None else None
+        self.reasoning = reasoning.stream() if reasoning is not None else None
         self.return_token_ids = return_token_ids
         self.started = False
         self.num_calls = 0
@@ -47,8 +52,14 @@ class ChoiceStream:
         self.started = True
         if delta.logprobs is not None:
             self.held_logprobs = (self.held_logprobs or []) + list(delta.logprobs)
-        text, calls = self._parse(delta)
-        if text or (delta.token_ids and (self.parser is None or self.return_token_ids)):
+        thinking, text, calls = self._parse(delta)
+        if thinking:
+            reasoning: dict = {"reasoning_content": thinking, "reasoning": thinking}
+            if self.return_token_ids and not text:  # the delta's ids go with its last text
+                reasoning["token_ids"] = delta.token_ids
+            pieces.append(self._piece(reasoning))
+        holds_text = self.parser is not None or self.reasoning is not None
+        if text or (delta.token_ids and not thinking and (not holds_text or self.return_token_ids)):
             content: dict = {"content": text}
             if self.return_token_ids:
                 content["token_ids"] = delta.token_ids
@@ -62,15 +73,22 @@ class ChoiceStream:
             pieces.append(final)
         return pieces
 
-    def _parse(self, delta: SequenceDelta) -> tuple[str, list[ToolCall]]:
-        """The text to release and the calls completed by this delta (all of it without a parser)."""
+    def _parse(self, delta: SequenceDelta) -> tuple[str, str, list[ToolCall]]:
+        """The thinking and the answer's text to release, and the calls completed by this delta (all of
+        it answer text without parsers); the tool-call parser reads only the answer."""
+        thinking, text = "", delta.text
+        if self.reasoning is not None:
+            thinking, text = self.reasoning.feed(delta.text)
+            if delta.finish_reason is not None:
+                more_thinking, rest = self.reasoning.finish()
+                thinking, text = thinking + more_thinking, text + rest
         if self.parser is None:
-            return delta.text, []
-        text, calls = self.parser.feed(delta.text)
+            return thinking, text, []
+        text, calls = self.parser.feed(text)
         if delta.finish_reason is not None:
             rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
             text, calls = text + rest, calls + more
-        return text, calls
+        return thinking, text, calls
 
     def _call_pieces(self, calls: list[ToolCall]) -> list[dict]:
         """OpenAI's streamed tool call: its id, type and name with empty arguments, then the arguments."""
@@ -106,14 +124,17 @@ class ChatFormat(Envelope):
 
     def __init__(
         self, request_id: str, model: str, n: int, *, logprobs: bool = False,
-        tool_parser: ParserFactory | None = None, legacy_functions: bool = False, **options: bool,
+        tool_parser: ParserFactory | None = None, legacy_functions: bool = False,
+        reasoning: ReasoningFormat | None = None, **options: bool,
     ) -> None:  # fmt: skip
         """``tool_parser``: makes a ``server.output.tool_parser`` stream when the request offered tools;
-        ``legacy_functions``: it offered them as OpenAI's old ``functions`` (replies in that shape)."""
+        ``legacy_functions``: it offered them as OpenAI's old ``functions`` (replies in that shape);
+        ``reasoning``: the server's reasoning format (``server.output.reasoning``; None: no split)."""
         super().__init__(request_id, model, n, **options)
         self.logprobs = logprobs
         self.tool_parser = tool_parser
         self.legacy = legacy_functions
+        self.reasoning = reasoning
         self._choices: dict[int, ChoiceStream] = {}
 
     def chunks(self, prompt_index: int, output: RequestOutput) -> list[dict]:
@@ -122,8 +143,8 @@ class ChatFormat(Envelope):
         for delta in output.deltas:
             stream = self._choices.get(delta.index)
             if stream is None:
-                stream = self._choices[delta.index] = ChoiceStream(delta.index, self.tool_parser,
-                                                                   self.return_token_ids, self.legacy)  # fmt: skip
+                stream = self._choices[delta.index] = ChoiceStream(delta.index, self.tool_parser, self.return_token_ids,
+                                                                   self.legacy, self.reasoning)  # fmt: skip
             chunks.extend(self._chunk([piece]) for piece in stream.pieces(delta))
         return chunks
 
@@ -132,10 +153,14 @@ class ChatFormat(Envelope):
         choices = []
         for index in range(self.n):
             state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
-            message: dict = {"role": "assistant", "content": state.text, "refusal": None}
+            thinking, answer = split_reasoning(state.text, self.reasoning)
+            message: dict = {"role": "assistant", "content": answer, "refusal": None}
+            if self.reasoning is not None:  # vLLM's two names for the same text; null when the reply did not think
+                message["reasoning_content"] = message["reasoning"] = thinking
+                message["content"] = answer or None
             finish_reason = state.finish_reason
             if self.tool_parser is not None:
-                content, calls = parse_whole(state.text, self.tool_parser, truncated=finish_reason == LENGTH)
+                content, calls = parse_whole(answer, self.tool_parser, truncated=finish_reason == LENGTH)
                 message["content"] = content
                 if calls and self.legacy:  # one call at most: the legacy API had no parallel calls
                     message["function_call"] = {"name": calls[0].name, "arguments": calls[0].arguments}

@@ -13,6 +13,7 @@ from server.api.chat.protocol import ChatCompletionRequest
 from server.api.generation import admitted, engine_of, respond, served_model, templated, translated
 from server.http.auth import require_api_key
 from server.output.tool_parser import PARSERS
+from server.translate.structured import answer_after_thinking, reasoning_of
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -22,6 +23,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     client = engine_of(request)
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
+    reasoning = reasoning_of(request)
+    params = answer_after_thinking(params, reasoning)  # a constraint shapes the answer, after the thinking
     messages = body.messages_or_error()
     prompt_ids, params = await templated(client, body, params, messages, body.template_tools())
     params = await admitted(client, params, [prompt_ids], "messages")
@@ -31,5 +34,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     parser = partial(parser_class, offered) if offered else None  # a call naming another tool stays content
     fmt = ChatFormat(f"chatcmpl-{uuid.uuid4().hex}", model, params.n, logprobs=params.logprobs is not None,
                      return_token_ids=body.return_token_ids, include_usage=body.include_usage,
-                     tool_parser=parser, legacy_functions=body.functions is not None)  # fmt: skip
+                     tool_parser=parser, legacy_functions=body.functions is not None,
+                     reasoning=reasoning)  # fmt: skip
     return await respond(request, client, fmt, [prompt_ids], params, body.stream)

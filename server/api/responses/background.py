@@ -31,6 +31,7 @@ from server.api.responses.events import ResponseEvents, failure
 from server.api.responses.replay import recorded, replayed_events
 from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse, stored_size
 from server.http.errors import from_output
+from server.http.limits import CallerHold
 from server.output.streaming import merge
 
 logger = logging.getLogger(__name__)
@@ -162,10 +163,13 @@ class BackgroundRuns:
     def __init__(self) -> None:
         self.runs: dict[str, BackgroundRun] = {}
 
-    def start(self, run: BackgroundRun) -> None:
+    def start(self, run: BackgroundRun, hold: CallerHold | None = None) -> None:
+        """Run it; ``hold`` (its caller's rows under ``--max-concurrency-per-key``) is released when it ends."""
         run.task = asyncio.get_running_loop().create_task(run.run(), name=f"background {run.response_id}")
         self.runs[run.response_id] = run
         run.task.add_done_callback(lambda _: self._ended(run))
+        if hold is not None:
+            run.task.add_done_callback(lambda _: hold.release())
 
     def _ended(self, run: BackgroundRun) -> None:
         if run.final is None and not run.started:  # cancelled before it ran: ``cancel`` ends it, then drops it

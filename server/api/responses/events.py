@@ -1,7 +1,11 @@
 """``/v1/responses`` with ``stream: true``: OpenAI's semantic events, in its order, each with its
 ``sequence_number`` and named on the SSE ``event:`` line as on its ``type``.
 
-``response.created``, ``response.in_progress``; a message as ``response.output_item.added``,
+``response.created``, ``response.in_progress``; with a reasoning parser, the thinking first as a
+``reasoning`` item: ``response.output_item.added``, ``response.content_part.added`` (a
+``reasoning_text`` part), ``response.reasoning_text.delta``..., ``response.reasoning_text.done``,
+``response.content_part.done``, ``response.output_item.done`` (closed when the answer starts); a
+message as ``response.output_item.added``,
 ``response.content_part.added``, ``response.output_text.delta``..., ``response.output_text.done``,
 ``response.content_part.done``, ``response.output_item.done``; each function call as
 ``response.output_item.added``, ``response.function_call_arguments.delta``,
@@ -33,6 +37,7 @@ from server.api.responses.format import (
     function_call_item,
     message_item,
     output_logprobs,
+    reasoning_item,
     text_part,
     usage,
 )
@@ -48,6 +53,9 @@ class ResponseEvents:
     def __init__(self, builder: ResponseBuilder) -> None:
         self.builder = builder
         self.parser = builder.tool_parser() if builder.tool_parser is not None else None
+        self.reasoning = builder.reasoning.stream() if builder.reasoning is not None else None
+        self.thought: dict[str, Any] | None = None  # the open reasoning item
+        self.thinking = ""
         self.sequence = 0
         self.output: list[dict[str, Any]] = []  # finished items
         self.message: dict[str, Any] | None = None  # the open message item
@@ -87,30 +95,70 @@ class ResponseEvents:
         return events
 
     def _delta(self, delta: SequenceDelta) -> list[dict[str, str]]:
-        self.held.extend(output_logprobs(delta.logprobs or []))
-        text, calls = delta.text, []
+        self.held.extend(output_logprobs(delta.logprobs or []))  # a thinking delta's go out with the message's
+        thinking, text, calls = "", delta.text, []
+        if self.reasoning is not None:  # the thinking split off first: the tool parser reads only the answer
+            thinking, text = self.reasoning.feed(delta.text)
+            if delta.finish_reason is not None:
+                more, rest = self.reasoning.finish()
+                thinking, text = thinking + more, text + rest
+        events = self._thinking(thinking) if thinking else []
         if self.parser is not None:
-            text, calls = self.parser.feed(delta.text)
+            text, calls = self.parser.feed(text)
             if delta.finish_reason is not None:
                 rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
                 text, calls = text + rest, calls + more
-        events = self._text(text) if text else []
+        events.extend(self._text(text) if text else [])
         for call in calls:
+            events.extend(self._close_reasoning())
             events.extend(self._close_message())
             events.extend(self._call(call))
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason.value
         return events
 
+    def _thinking(self, text: str, item_id: str | None = None) -> list[dict[str, str]]:
+        """A reasoning delta, opening the reasoning item first if it is not open."""
+        events = []
+        index = len(self.output)
+        if self.thought is None:
+            self.thought = reasoning_item(item_id or new_id("rs"), None, "in_progress")
+            self.thinking = ""
+            events += [self._event("response.output_item.added", output_index=index, item=self.thought),
+                       self._event("response.content_part.added", item_id=self.thought["id"], output_index=index,
+                                   content_index=0, part={"type": "reasoning_text", "text": ""})]  # fmt: skip
+        self.thinking += text
+        self.deltas.setdefault(index, []).append([len(text), 0])
+        events.append(self._event("response.reasoning_text.delta", item_id=self.thought["id"], output_index=index,
+                                  content_index=0, delta=text))  # fmt: skip
+        return events
+
+    def _close_reasoning(self, status: str | None = None) -> list[dict[str, str]]:
+        if self.thought is None:
+            return []
+        index, item_id = len(self.output), self.thought["id"]
+        status = status or ("incomplete" if self.finish_reason == LENGTH else "completed")
+        item = reasoning_item(item_id, self.thinking, status)
+        self.output.append(item)
+        self.thought = None
+        return [self._event("response.reasoning_text.done", item_id=item_id, output_index=index, content_index=0,
+                            text=self.thinking),
+                self._event("response.content_part.done", item_id=item_id, output_index=index, content_index=0,
+                            part=item["content"][0]),
+                self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
+
     def _open_message(self, item_id: str | None = None) -> list[dict[str, str]]:
         if self.message is not None:
             return []
+        events = self._close_reasoning()  # the answer begins: the thinking is over
         self.message = message_item(item_id or new_id("msg"), [], "in_progress")
         self.text, self.logprobs = "", []
         index = len(self.output)
-        return [self._event("response.output_item.added", output_index=index, item=self.message),
-                self._event("response.content_part.added", item_id=self.message["id"], output_index=index,
-                            content_index=0, part=text_part("", [] if self.builder.logprobs else None))]  # fmt: skip
+        return events + [
+            self._event("response.output_item.added", output_index=index, item=self.message),
+            self._event("response.content_part.added", item_id=self.message["id"], output_index=index,
+                        content_index=0, part=text_part("", [] if self.builder.logprobs else None)),
+        ]  # fmt: skip
 
     def _text(self, text: str) -> list[dict[str, str]]:
         events = self._open_message()
@@ -158,7 +206,9 @@ class ResponseEvents:
     def finish(self) -> tuple[list[dict[str, str]], dict[str, Any]]:
         """The closing events of the open message (an empty one if the reply made nothing) and the
         final object; its own event (``final_event``) goes out once the response is stored."""
-        events = self._open_message() if not self.output else []
+        events = self._close_reasoning()
+        if all(item["type"] == "reasoning" for item in self.output):
+            events.extend(self._open_message())
         events.extend(self._close_message())
         return events, self.builder.finished(self.output, self.finish_reason, usage(*self.counts))
 
@@ -178,6 +228,17 @@ class ResponseEvents:
         self.held = entries[used:]
         return events + self._close_message(item["status"])
 
+    def replay_reasoning(self, item: dict[str, Any], deltas: list[list[int]] | None) -> list[dict[str, str]]:
+        """A finished reasoning item's events again, its text cut as ``deltas`` recorded it went out."""
+        text = "".join(part["text"] for part in item.get("content") or [])
+        if deltas is None:
+            deltas = [[len(text), 0]] if text else []
+        events, start = [], 0
+        for chars, _ in deltas:
+            events.extend(self._thinking(text[start : start + chars], item["id"]))
+            start += chars
+        return events + self._close_reasoning(item.get("status") or "completed")
+
     def replay_call(self, item: dict[str, Any]) -> list[dict[str, str]]:
         """A function_call item's events again (its item id derives from its ``call_id``, as live)."""
         return self._call(ToolCall(item["name"], item["arguments"], item["call_id"]))
@@ -185,7 +246,7 @@ class ResponseEvents:
     def interrupted(self, status: str, error: dict[str, Any] | None = None) -> tuple[list[dict[str, str]], dict]:
         """The events closing the open message (as incomplete) and the final object of a response that
         ended early: ``failed`` with ``error``, or ``cancelled``; its output is what was produced."""
-        events = self._close_message("incomplete")
+        events = self._close_reasoning("incomplete") + self._close_message("incomplete")
         return events, self.builder.response(status, self.output, usage(*self.counts), error=error)
 
     def final_event(self, response: dict[str, Any]) -> dict[str, str]:

@@ -1,6 +1,8 @@
 """``/v1/responses`` output: the response object and its output items, from the engine's collected output.
 
-One response has one output: a ``message`` item with one ``output_text`` part (its ``annotations``
+One response has one output: with a reasoning parser (``--reasoning-parser``), a ``reasoning`` item
+first when the reply thought (its text one ``reasoning_text`` part, ``summary`` empty: the model
+writes none), then a ``message`` item with one ``output_text`` part (its ``annotations``
 always empty, its ``logprobs`` when ``include`` asked), then a ``function_call`` item per call the
 reply made (read by ``server.output.tool_parser``, as chat's ``tool_calls``). A reply cut short is
 ``status: "incomplete"`` with ``incomplete_details.reason`` "max_output_tokens"; its unfinished call
@@ -17,6 +19,7 @@ from decoding import FinishReason, TokenLogprob
 from server.api.responses.items import new_id
 from server.output.collect import ChoiceState, Collected
 from server.output.logprobs import chat_logprobs
+from server.output.reasoning import ReasoningFormat, split_reasoning
 from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
 
 LENGTH = FinishReason.LENGTH.value
@@ -49,6 +52,12 @@ def message_item(item_id: str, parts: list[dict[str, Any]], status: str) -> dict
     return {"id": item_id, "type": "message", "role": "assistant", "status": status, "content": parts}
 
 
+def reasoning_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    """OpenAI's reasoning item with the thinking as its one ``reasoning_text`` part (None: no part yet)."""
+    content = [] if text is None else [{"type": "reasoning_text", "text": text}]
+    return {"id": item_id, "type": "reasoning", "summary": [], "content": content, "status": status}
+
+
 def function_call_item(call: ToolCall, status: str = "completed", arguments: str | None = None) -> dict[str, Any]:
     return {"id": f"fc_{call.id.removeprefix('call_')}", "type": "function_call", "call_id": call.id,
             "name": call.name, "arguments": call.arguments if arguments is None else arguments,
@@ -65,6 +74,7 @@ class ResponseBuilder:
     logprobs: bool = False
     tool_parser: ParserFactory | None = None
     created_at: int = field(default_factory=lambda: int(time.time()))
+    reasoning: ReasoningFormat | None = None  # the server's reasoning format (None: no split)
 
     def response(
         self, status: str, output: list[dict[str, Any]], usage_: dict[str, Any] | None = None, *,
@@ -92,11 +102,15 @@ class ResponseBuilder:
         """The non-streamed response."""
         state = collected.choices.get(0) or ChoiceState(0, finish_reason=LENGTH)
         truncated = state.finish_reason == LENGTH
-        text, calls = state.text, []
+        thinking, text = split_reasoning(state.text, self.reasoning)
+        calls: list[ToolCall] = []
         if self.tool_parser is not None:
-            content, calls = parse_whole(state.text, self.tool_parser, truncated=truncated)
+            content, calls = parse_whole(text, self.tool_parser, truncated=truncated)
             text = content or ""
         output = []
+        if thinking is not None:  # cut short while thinking: incomplete, as the stream closes it
+            status = "incomplete" if truncated and not text and not calls else "completed"
+            output.append(reasoning_item(new_id("rs"), thinking, status))
         if text or not calls:
             part = text_part(text, state.logprobs if self.logprobs else None)
             output.append(message_item(new_id("msg"), [part], "incomplete" if truncated else "completed"))

@@ -128,6 +128,8 @@ def item_texts(item: dict[str, Any]) -> list[str]:
         return [part["text"] for part in item["content"]]
     if item["type"] == "function_call":
         return [item["name"], item["arguments"]]
+    if item["type"] == "reasoning":  # a stored reply's thinking: not rendered (template_messages)
+        return []
     return [item["output"]]
 
 
@@ -139,6 +141,8 @@ def template_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
         if item["type"] == "message":
             role = "system" if item["role"] == "developer" else item["role"]
             messages.append({"role": role, "content": "".join(part["text"] for part in item["content"])})
+        elif item["type"] == "reasoning":  # an earlier turn's thinking, dropped as reasoning models' templates do
+            continue
         elif item["type"] == "function_call":
             call = {"id": item["call_id"], "type": "function",
                     "function": {"name": item["name"], "arguments": _arguments(item["arguments"], index)}}  # fmt: skip

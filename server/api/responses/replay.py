@@ -50,6 +50,8 @@ def replayed_events(stored: dict[str, Any]) -> list[dict[str, str]]:
     for index, item in enumerate(response["output"]):
         if item["type"] == "message":
             out += events.replay_message(item, deltas[index] if index < len(deltas) else None)
+        elif item["type"] == "reasoning":
+            out += events.replay_reasoning(item, deltas[index] if index < len(deltas) else None)
         else:
             out += events.replay_call(item)
     out.append(events.final_event(response))

@@ -48,9 +48,10 @@ from server.api.responses.stores import open_store
 from server.api.responses.truncation import rendered
 from server.http.auth import require_api_key
 from server.http.errors import APIError
-from server.http.limits import caller_hold, caller_key
+from server.http.limits import CallerHold, caller_hold, caller_key
 from server.output.streaming import collect_all, until_disconnect
 from server.output.tool_parser import PARSERS
+from server.translate.structured import answer_after_thinking, reasoning_of
 
 logger = logging.getLogger(__name__)
 
@@ -132,6 +133,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     client = engine_of(request)
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
+    params = answer_after_thinking(params, reasoning_of(request))  # a constraint shapes the answer, after the thinking
     earlier: list[dict[str, Any]] = []
     if body.previous_response_id is not None:
         previous = await stored(request, body.previous_response_id, "previous_response_id")
@@ -154,7 +156,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []
     parser = partial(PARSERS[request.app.state.settings.tool_call_parser], offered) if offered else None
     builder = ResponseBuilder(new_id("resp"), model, body.echo(), logprobs=params.logprobs is not None,
-                              tool_parser=parser)  # fmt: skip
+                              tool_parser=parser, reasoning=reasoning_of(request))  # fmt: skip
 
     async def keep(response: dict[str, Any]) -> None:
         if body.store is False:
@@ -166,12 +168,13 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
             return
         await store_of(request).put(row)
 
-    if body.background:
-        row = StoredResponse(builder.response_id, owner_of(request), {}, input_items, conversation)
-        return await start_background(request, body, builder, row, await submit(client, row.id, [prompt_ids], params))
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
+    if body.background:  # its rows count against the caller until the run ends, not the request
+        row = StoredResponse(builder.response_id, owner_of(request), {}, input_items, conversation)
+        streams = await submit(client, row.id, [prompt_ids], params)
+        return await start_background(request, body, builder, row, streams, hold and hold.handed_over())
     streams = await submit(client, builder.response_id, [prompt_ids], params)
     if body.stream:
         return EventSourceResponse(response_events(streams, ResponseEvents(builder), keep), ping=15)
@@ -182,7 +185,7 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
 
 
 async def start_background(request: Request, body: ResponsesRequest, builder: ResponseBuilder, row: StoredResponse,
-                           streams: list) -> Response:  # fmt: skip
+                           streams: list, hold: CallerHold | None = None) -> Response:  # fmt: skip
     """Store the response as queued and hand it to a task the app owns; answer with the queued object,
     or follow its events (a client that goes away stops reading, not the run)."""
     settings = request.app.state.settings
@@ -192,11 +195,13 @@ async def start_background(request: Request, body: ResponsesRequest, builder: Re
     except BaseException:
         for stream in streams:
             await stream.aclose()  # nothing will run it: abort it in the engine
+        if hold is not None:
+            hold.release()
         raise
     run = BackgroundRun(row, ResponseEvents(builder), streams, store_of(request),
                         heartbeat=heartbeat_seconds(settings.responses_lease),
                         max_bytes=settings.responses_max_bytes)  # fmt: skip
-    runs_of(request.app).start(run)
+    runs_of(request.app).start(run, hold)
     if body.stream:
         return EventSourceResponse(run.log.follow(), ping=15)
     return JSONResponse(row.response)

@@ -4,7 +4,7 @@
 import { getApiKey, getJSON, serverSpec, setApiKey } from "./api.js";
 import { OPTIONAL_GROUPS } from "./knobs.js";
 import { Pane } from "./pane.js";
-import { curlSnippet, pythonSnippet } from "./snippets.js";
+import { anthropicSnippet, curlSnippet, pythonSnippet } from "./snippets.js";
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -115,9 +115,10 @@ function openSnippet(pane, format) {
     return;
   }
   const options = { origin: window.location.origin, withKey: Boolean(getApiKey()) };
-  const text = format === "curl" ? curlSnippet(body, options) : pythonSnippet(body, options);
+  const write = { curl: curlSnippet, python: pythonSnippet, anthropic: anthropicSnippet }[format];
+  const text = write(body, options);
   const dialog = $("#snippet");
-  dialog.querySelector("h2").textContent = format === "curl" ? "curl" : "openai-python";
+  dialog.querySelector("h2").textContent = { curl: "curl", python: "openai-python", anthropic: "anthropic-python" }[format];
   const area = dialog.querySelector("textarea");
   area.value = text;
   const status = dialog.querySelector(".copy-status");

@@ -22,13 +22,9 @@ export class Pane {
     this.settingsRoot = el("div", { class: "settings" });
     this.error = el("p", { class: "pane-error", role: "alert", hidden: true });
     this.transcript = el("ol", { class: "transcript", "aria-live": "polite" });
-    this.copyButtons = ["curl", "python"].map((format) =>
-      el("button", {
-        type: "button",
-        class: "copy",
-        text: format === "curl" ? "Copy as curl" : "Copy as openai-python",
-        "data-copy": format,
-      }),
+    const copyLabels = { curl: "Copy as curl", python: "Copy as openai-python", anthropic: "Copy as anthropic-python" };
+    this.copyButtons = Object.entries(copyLabels).map(([format, text]) =>
+      el("button", { type: "button", class: "copy", text, "data-copy": format }),
     );
     this.root = el(
       "section",
@@ -190,6 +186,8 @@ class Reply {
       if (this.ttft === null) this.ttft = elapsed; // the role chunk comes with the first token
       const choice = this.choice(c.index);
       const delta = c.delta || {};
+      const thinking = delta.reasoning_content ?? delta.reasoning; // the server sends both names: one text
+      if (thinking) this.takeReasoning(choice, thinking);
       if (delta.content) {
         choice.text += delta.content;
         choice.node.textContent = choice.text;
@@ -198,6 +196,18 @@ class Reply {
       if (c.finish_reason) choice.finish = c.finish_reason;
       if (typeof c.sequence_score === "number") choice.score = c.sequence_score;
     }
+  }
+
+  // The model's thinking (--reasoning-parser), folded above the answer it led to: open it to read it.
+  takeReasoning(choice, text) {
+    if (!choice.reasoning) {
+      const body = el("div", { class: "reasoning-text" });
+      const node = el("details", { class: "reasoning" }, el("summary", { text: "Reasoning" }), body);
+      choice.node.before(node);
+      choice.reasoning = { text: "", node, body };
+    }
+    choice.reasoning.text += text;
+    choice.reasoning.body.textContent = choice.reasoning.text;
   }
 
   // OpenAI's streamed tool calls: the first piece of call i brings its id and name, later pieces

@@ -1,4 +1,5 @@
-// "Copy as curl" and "copy as openai-python": the exact request a pane would send, as code.
+// "Copy as curl", "copy as openai-python" and "copy as anthropic-python": the exact request a pane
+// would send, as code.
 //
 // The openai client takes OpenAI's own fields as keyword arguments and everything else (the
 // GenerationConfig knobs by their HF names, Decoda's extensions) through `extra_body`, so the
@@ -71,6 +72,70 @@ export function pythonSnippet(body, { origin, withKey }) {
     ...print,
     "    if chunk.usage:",
     '        print(f"\\n\\n{chunk.usage.completion_tokens} tokens")',
+    "",
+  ].join("\n");
+}
+
+// "Copy as anthropic-python": the same request on the Messages API (POST /v1/messages). The chat
+// body's system turn becomes `system`, `stop` `stop_sequences`, its function tools Anthropic's
+// (`input_schema`), its tool_choice Anthropic's; the SDK's own arguments go as keywords and every
+// other field (sampling knobs included: the SDK no longer takes them as keywords) through extra_body.
+const ANTHROPIC_ARGS = new Set(["model", "messages", "system", "max_tokens", "stop_sequences", "tools", "tool_choice"]);
+const NOT_ON_MESSAGES = new Set(["stream", "stream_options", "messages", "max_completion_tokens", "stop", "tools",
+  "tool_choice", "parallel_tool_calls"]);
+
+function anthropicToolChoice(choice, parallel) {
+  const disable = parallel === false ? { disable_parallel_tool_use: true } : {};
+  if (choice === undefined || choice === "auto") return parallel === false ? { type: "auto", ...disable } : undefined;
+  if (choice === "none") return { type: "none" };
+  if (choice === "required") return { type: "any", ...disable };
+  return { type: "tool", name: choice.function.name, ...disable };
+}
+
+export function messagesBody(body) {
+  const system = body.messages.filter((m) => m.role === "system").map((m) => m.content).join("\n\n");
+  const out = {
+    model: body.model,
+    max_tokens: body.max_tokens ?? body.max_completion_tokens ?? 256,
+    messages: body.messages.filter((m) => m.role === "user" || m.role === "assistant")
+      .map((m) => ({ role: m.role, content: m.content ?? "" })),
+  };
+  if (system) out.system = system;
+  if (body.stop !== undefined) out.stop_sequences = Array.isArray(body.stop) ? body.stop : [body.stop];
+  if (body.tools) {
+    out.tools = body.tools.map((t) => ({ name: t.function.name, description: t.function.description,
+      input_schema: t.function.parameters ?? { type: "object" } }));
+    const choice = anthropicToolChoice(body.tool_choice, body.parallel_tool_calls);
+    if (choice) out.tool_choice = choice;
+  }
+  for (const [key, value] of Object.entries(body)) {
+    if (!NOT_ON_MESSAGES.has(key) && !(key in out) && key !== "max_tokens") out[key] = value;
+  }
+  return out;
+}
+
+export function anthropicSnippet(body, { origin, withKey }) {
+  const request = messagesBody(body);
+  const args = [];
+  const extra = {};
+  for (const [key, value] of Object.entries(request)) {
+    if (ANTHROPIC_ARGS.has(key)) args.push(`    ${key}=${py(value, 1)},`);
+    else extra[key] = value;
+  }
+  if (Object.keys(extra).length) args.push(`    extra_body=${py(extra, 1)},  # sampling and GenerationConfig knobs`);
+  const key = withKey ? 'os.environ["DECODA_API_KEY"]' : '"unused"';
+  return [
+    ...(withKey ? ["import os", ""] : []),
+    "from anthropic import Anthropic",
+    "",
+    `client = Anthropic(base_url="${origin}", api_key=${key})`,
+    "with client.messages.stream(",
+    ...args,
+    ") as stream:",
+    "    for text in stream.text_stream:",
+    '        print(text, end="", flush=True)',
+    "    final = stream.get_final_message()",
+    'print(f"\\n\\n{final.usage.output_tokens} tokens")',
     "",
   ].join("\n");
 }

@@ -1,0 +1,169 @@
+"""A Messages API conversation as Anthropic's SDK sends it, and what of it reaches the chat template.
+
+The template sees chat's messages (``server.api.chat.messages`` gives the same shapes), so one template
+renders both APIs: ``system`` (a string or text blocks) is the first system turn; a turn's text blocks
+are its content, joined as chat joins its text parts; an assistant turn's ``tool_use`` blocks are its
+``tool_calls`` (arguments as objects, as HF's templates expect); each ``tool_result`` block of a user
+turn is a tool turn answering its ``tool_use_id``, in the order the blocks came. The template has no
+place for ``is_error``, so such a result's text says it: ``Error: <content>``.
+
+The served model reads text only and runs no server tools: image, document and other media blocks,
+server tools' blocks and thinking blocks are 400s naming their path (``messages[0].content[1]``), as
+is a conversation that ends with an assistant turn (Anthropic's prefill: the chat template here
+starts a new assistant turn, so the reply could not continue that text). ``cache_control`` marks are
+hints: the prefix cache keeps every prompt's blocks without being asked.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Discriminator, Tag
+
+from decoding import ParameterError
+from server.translate.strict import Strict
+
+TEXT_ONLY = "this server serves a text-only model"
+SERVER_TOOL_BLOCKS = ("server_tool_use", "mcp_tool_use", "mcp_tool_result", "container_upload")
+THINKING_BLOCKS = ("thinking", "redacted_thinking")
+
+
+class CacheControl(Strict):
+    """Anthropic's prompt-caching mark: a hint, see the module's docstring."""
+
+    type: Literal["ephemeral"]
+    ttl: Literal["5m", "1h"] | None = None
+
+
+class TextBlock(Strict):
+    type: Literal["text"]
+    text: str
+    cache_control: CacheControl | None = None
+    citations: list[dict[str, Any]] | None = None  # a replayed reply's citations: not rendered
+
+
+def _served_block(block: Any) -> Any:  # noqa: ANN401
+    """A block the served model cannot read is a 400 at its own path (the one place that knows it)."""
+    kind = block.get("type") if isinstance(block, dict) else None
+    if not isinstance(kind, str) or kind in ("text", "tool_use", "tool_result"):
+        return block
+    if kind in THINKING_BLOCKS:
+        raise ParameterError(f"{kind} blocks are not served: the served model writes no separate thinking "
+                             "(leave them out of the conversation)")  # fmt: skip
+    if kind in SERVER_TOOL_BLOCKS or kind.endswith("_tool_result"):
+        raise ParameterError(f"{kind} blocks belong to server tools, which this server does not run; offer a "
+                             "custom tool and send its tool_use / tool_result blocks")  # fmt: skip
+    raise ParameterError(f"{TEXT_ONLY}: {kind} content blocks are not supported (send text blocks)")
+
+
+def _kind(*tags: str) -> Any:  # noqa: ANN401
+    def kind(block: Any) -> str | None:  # noqa: ANN401
+        found = block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
+        return found if found in tags else None
+
+    return kind
+
+
+ResultContent = Annotated[TextBlock, BeforeValidator(_served_block)]
+
+
+class ToolUseBlock(Strict):
+    """A call the assistant made (as this server's reply gave it, or another model's)."""
+
+    type: Literal["tool_use"]
+    id: str
+    name: str
+    input: dict[str, Any]
+    cache_control: CacheControl | None = None
+
+
+class ToolResultBlock(Strict):
+    """What the client's tool returned for a call."""
+
+    type: Literal["tool_result"]
+    tool_use_id: str
+    content: str | list[ResultContent] | None = None
+    is_error: bool | None = None
+    cache_control: CacheControl | None = None
+
+    def text(self) -> str:
+        text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or [])
+        return f"Error: {text}" if self.is_error else text
+
+
+ContentBlock = Annotated[
+    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
+    | Annotated[ToolResultBlock, Tag("tool_result")],
+    Discriminator(_kind("text", "tool_use", "tool_result"), custom_error_type="invalid_content_block",
+                  custom_error_message="a content block's type must be 'text', 'tool_use' or 'tool_result'"),
+    BeforeValidator(_served_block),
+]  # fmt: skip
+
+
+class InputMessage(Strict):
+    role: Literal["user", "assistant", "system"]
+    content: str | list[ContentBlock]
+
+    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
+        return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) else list(self.content)
+
+    def rendered_texts(self) -> list[str]:
+        """Everything of this turn the template writes out."""
+        texts: list[str] = []
+        for block in self.blocks():
+            if isinstance(block, TextBlock):
+                texts.append(block.text)
+            elif isinstance(block, ToolUseBlock):
+                texts += [block.id, block.name, json.dumps(block.input)]
+            else:
+                texts += [block.tool_use_id, block.text()]
+        return texts
+
+
+def system_text(system: str | list[TextBlock] | None) -> str | None:
+    """``system`` as one text (its blocks joined as chat joins text parts), or None."""
+    if system is None or isinstance(system, str):
+        return system
+    return "".join(block.text for block in system)
+
+
+def template_messages(system: str | list[TextBlock] | None, messages: list[InputMessage]) -> list[dict[str, Any]]:
+    """The conversation as chat templates take it (see the module's docstring)."""
+    if not messages:
+        raise ParameterError("messages must not be empty", param="messages")
+    if messages[-1].role == "assistant":
+        raise ParameterError(f"messages[{len(messages) - 1}]: the conversation ends with an assistant turn, which "
+                             "the Messages API continues (prefill); this server's chat template starts a new "
+                             "assistant turn instead, so end with a user turn", param="messages")  # fmt: skip
+    system = system_text(system)
+    out: list[dict[str, Any]] = [{"role": "system", "content": system}] if system is not None else []
+    for i, message in enumerate(messages):
+        out.extend(_turns(message, f"messages[{i}]"))
+    return out
+
+
+def _turns(message: InputMessage, param: str) -> list[dict[str, Any]]:
+    """One message's template turns: a user turn's tool results each a tool turn, its text a user turn."""
+    text, calls, turns = "", [], []
+    for j, block in enumerate(message.blocks()):
+        where = f"{param}.content[{j}]"
+        if isinstance(block, TextBlock):
+            text += block.text
+        elif isinstance(block, ToolUseBlock):
+            if message.role != "assistant":
+                raise ParameterError(f"{where}: only an assistant turn carries tool_use blocks", param=where)
+            calls.append({"id": block.id, "type": "function",
+                          "function": {"name": block.name, "arguments": block.input}})  # fmt: skip
+        else:
+            if message.role != "user":
+                raise ParameterError(f"{where}: only a user turn carries tool_result blocks", param=where)
+            if text:  # text before a result stays before it
+                turns.append({"role": "user", "content": text})
+                text = ""
+            turns.append({"role": "tool", "tool_call_id": block.tool_use_id, "content": block.text()})
+    if calls:
+        return [{"role": "assistant", "content": text, "tool_calls": calls}]
+    if text or not turns:
+        turns.append({"role": message.role, "content": text})
+    return turns

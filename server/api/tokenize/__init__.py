@@ -1,0 +1,1 @@
+"""``POST /tokenize`` and ``POST /detokenize``: the served tokenizer, in vLLM's shapes."""

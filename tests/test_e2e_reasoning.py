@@ -1,0 +1,132 @@
+"""``--reasoning-parser deepseek_r1`` end to end: the real ``openai`` client against a real server whose
+chat template opens ``<think>`` in the generation prompt (as DeepSeek-R1's does), so the embedded
+SmolLM2's reply starts inside its thinking. The small model never closes it by itself, so
+``sequence_bias`` makes it write ``</think>`` after its first sentence (" French." in its greedy
+reply) and ``min_tokens`` keeps it from stopping there: the reply then holds a thinking block and an
+answer, which must split exactly (the reply's own text, from its token ids), streamed and not, on
+chat, the Responses API and the Messages API (the ``anthropic`` SDK); a json_schema constrains the
+answer only."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import jsonschema
+import openai
+import pytest
+
+from tests.test_e2e_openai import MODEL, start_server, stop_server
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+
+TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message['role'] }}
+{{ message['content'] }}<|im_end|>
+{% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
+<think>
+{% endif %}"""
+# SmolLM2's " French", "." then "</", "think", ">"
+END_BIAS = [[[3432, 30, 9617], 10.0], [[9617, 17400], 40.0], [[9617, 17400, 46], 40.0]]
+KNOBS = {"sequence_bias": END_BIAS, "min_tokens": 16}
+MESSAGES = [{"role": "user", "content": "What is the capital of France? Think first."}]
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def client(smollm2, tmp_path_factory):
+    template = tmp_path_factory.mktemp("reasoning") / "think.jinja"
+    template.write_text(TEMPLATE)
+    base, proc = start_server("--max-model-len", "1024", "--reasoning-parser", "deepseek_r1",
+                              "--chat-template", str(template))  # fmt: skip
+    yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    stop_server(proc)
+
+
+@pytest.fixture(scope="module")
+def base(client):
+    return str(client.base_url).removesuffix("/v1/")
+
+
+def reply_text(smollm2, token_ids: list[int]) -> str:
+    return smollm2.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+
+def chat(client: openai.OpenAI, **fields):  # noqa: ANN201
+    fields = {"max_tokens": 80, **fields, "extra_body": {**KNOBS, **fields.get("extra_body", {})}}
+    return client.chat.completions.create(model=MODEL, messages=MESSAGES, temperature=0, **fields)
+
+
+def test_chat_splits_the_reply_exactly_streamed_and_not(client, smollm2):
+    body = chat(client, extra_body={"return_token_ids": True})
+    choice = body.choices[0]
+    raw = reply_text(smollm2, choice.model_extra["token_ids"])
+    thinking, _, answer = raw.partition("</think>")
+    assert thinking and answer.strip(), f"the reply did not think then answer: {raw!r}"
+    message = choice.message
+    assert message.model_extra["reasoning_content"] == message.model_extra["reasoning"] == thinking
+    assert message.content == answer.lstrip()
+    assert "<think>" not in message.content and "</think>" not in message.content
+
+    chunks = list(chat(client, stream=True))
+    deltas = [chunk.choices[0].delta for chunk in chunks if chunk.choices]
+    streamed_thinking = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+    assert streamed_thinking == "".join((d.model_extra or {}).get("reasoning") or "" for d in deltas) == thinking
+    assert "".join(d.content or "" for d in deltas) == message.content
+    last_thinking = max(i for i, d in enumerate(deltas) if (d.model_extra or {}).get("reasoning_content"))
+    first_content = min(i for i, d in enumerate(deltas) if d.content)
+    assert last_thinking < first_content
+
+
+def test_the_responses_api_gives_a_reasoning_item_before_the_message(client):
+    message = chat(client).choices[0].message
+    request = dict(model=MODEL, input=MESSAGES[0]["content"], temperature=0, max_output_tokens=80, extra_body=KNOBS)
+    response = client.responses.create(**request)
+    reasoning, output = response.output
+    assert reasoning.type == "reasoning" and reasoning.summary == [] and reasoning.status == "completed"
+    assert [part.text for part in reasoning.content] == [message.model_extra["reasoning_content"]]
+    assert output.type == "message" and response.output_text == message.content
+
+    with client.responses.stream(**request) as stream:
+        events = list(stream)
+        final = stream.get_final_response()
+    thinking = "".join(e.delta for e in events if e.type == "response.reasoning_text.delta")
+    done = [e.text for e in events if e.type == "response.reasoning_text.done"]
+    assert thinking == done[0] == message.model_extra["reasoning_content"]
+    assert [item.type for item in final.output] == ["reasoning", "message"]
+    assert final.output_text == message.content
+
+
+def test_a_json_schema_constrains_the_answer_not_the_thinking(client, smollm2):
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    for stream in (False, True):
+        request = dict(response_format=fmt, max_tokens=120, extra_body={"return_token_ids": True})
+        if not stream:
+            choice = chat(client, **request).choices[0]
+            thinking, content = choice.message.model_extra["reasoning_content"], choice.message.content
+            raw = reply_text(smollm2, choice.model_extra["token_ids"])
+        else:
+            deltas = [c.choices[0].delta for c in chat(client, stream=True, **request) if c.choices]
+            thinking = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in deltas)
+            content = "".join(d.content or "" for d in deltas)
+            raw = None
+        assert thinking and not thinking.lstrip().startswith("{")  # free text, which the schema would refuse
+        jsonschema.validate(json.loads(content), CITY)
+        if raw is not None:
+            assert raw == f"{thinking}</think>{content}"
+
+
+def test_the_messages_api_gives_a_thinking_block_before_the_text(client, base):
+    message = chat(client).choices[0].message
+    anthropic_client = anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    request = dict(model=MODEL, max_tokens=80, messages=MESSAGES, extra_body={"temperature": 0, **KNOBS})
+    reply = anthropic_client.messages.create(**request)
+    thinking, text = reply.content
+    assert thinking.type == "thinking" and thinking.thinking == message.model_extra["reasoning_content"]
+    assert text.type == "text" and text.text == message.content and reply.stop_reason == "end_turn"
+    with anthropic_client.messages.stream(**request) as stream:
+        deltas = [e.delta.thinking for e in stream
+                  if e.type == "content_block_delta" and e.delta.type == "thinking_delta"]  # fmt: skip
+        final = stream.get_final_message()
+    assert "".join(deltas) == thinking.thinking
+    assert [block.model_dump() for block in final.content] == [block.model_dump() for block in reply.content]
