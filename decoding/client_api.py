@@ -120,6 +120,7 @@ class EngineClient(ABC):
         *,
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
+        template_kwargs: dict | None = None,
     ) -> list[int]:
         """Token ids of the rendered conversation plus the generation prompt (unless
         ``add_generation_prompt`` is false); ``tools`` (OpenAI's function tools) are rendered by the

@@ -54,7 +54,9 @@ class FakeEngineClient(EngineClient):
     async def tokenize(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._words(text)
 
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                                  template_kwargs: dict | None = None) -> list[int]:  # fmt: skip
+        self.template_kwargs = template_kwargs
         return [t for m in messages for t in self._words(m["content"])] + [6]
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:

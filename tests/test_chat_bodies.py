@@ -273,3 +273,15 @@ def test_a_legacy_function_call_and_its_result_render_as_a_tool_call_and_result(
 def test_legacy_function_errors_name_the_legacy_fields(body, param, words):
     error = refused({"messages": [ASK], **body})
     assert error["param"] == param and words in error["message"], error
+
+
+def test_chat_template_kwargs_reach_the_template_and_the_servers_own_names_are_refused():
+    engine = FakeEngineClient()
+    response = chat({"messages": [{"role": "user", "content": "hi"}],
+                     "chat_template_kwargs": {"enable_thinking": False, "custom": [1, 2]}}, engine)  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert engine.template_kwargs == {"enable_thinking": False, "custom": [1, 2]}
+    hello = [{"role": "user", "content": "hi"}]
+    assert refused({"messages": hello, "chat_template_kwargs": {"tools": []}})["param"] == "chat_template_kwargs.tools"
+    assert refused({"messages": hello, "chat_template_kwargs": {"not a name": 1}})["param"] == "chat_template_kwargs"
+    assert refused({"messages": hello, "chat_template_kwargs": [1]})["param"] == "chat_template_kwargs"

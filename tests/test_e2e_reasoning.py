@@ -23,8 +23,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 TEMPLATE = """{%- for message in messages %}<|im_start|>{{ message['role'] }}
 {{ message['content'] }}<|im_end|>
 {% endfor %}{%- if add_generation_prompt %}<|im_start|>assistant
-<think>
-{% endif %}"""
+{% if enable_thinking is not defined or enable_thinking %}<think>
+{% endif %}{% endif %}"""
 # SmolLM2's " French", "." then "</", "think", ">"
 END_BIAS = [[[3432, 30, 9617], 10.0], [[9617, 17400], 40.0], [[9617, 17400, 46], 40.0]]
 KNOBS = {"sequence_bias": END_BIAS, "min_tokens": 16}
@@ -130,3 +130,16 @@ def test_the_messages_api_gives_a_thinking_block_before_the_text(client, base):
         final = stream.get_final_message()
     assert "".join(deltas) == thinking.thinking
     assert [block.model_dump() for block in final.content] == [block.model_dump() for block in reply.content]
+
+
+def test_enable_thinking_false_renders_no_thinking_and_splits_nothing(client):
+    """chat_template_kwargs reach the template (here: no ``<think>`` opened), and a request that turned
+    thinking off gets its whole reply as the answer."""
+    thinking = chat(client, max_tokens=20)
+    plain = chat(client, max_tokens=20, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert plain.usage.prompt_tokens < thinking.usage.prompt_tokens  # the template opened no <think>
+    message = plain.choices[0].message
+    assert message.content and getattr(message, "reasoning_content", None) is None
+    with pytest.raises(openai.BadRequestError) as refused:
+        chat(client, max_tokens=20, extra_body={"chat_template_kwargs": {"messages": []}})
+    assert refused.value.body["param"] == "chat_template_kwargs.messages"

@@ -204,6 +204,7 @@ class WorkerEngineClient(EngineClient):
         *,
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
+        template_kwargs: dict | None = None,
     ) -> list[int]:
         template = self._templates.choose(bool(tools))
         if template is None:
@@ -216,6 +217,7 @@ class WorkerEngineClient(EngineClient):
         options = {} if template is MODEL_TEMPLATE else {"chat_template": template}
         if tools:
             options["tools"] = tools
+        options |= template_kwargs or {}  # the template's own variables (chat_template_kwargs), checked by the body
 
         def render() -> list[int]:
             if add_special_tokens:

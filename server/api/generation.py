@@ -88,7 +88,9 @@ async def templated(
 ) -> tuple[list[int], GenerationParams]:
     """(the conversation's prompt ids through the chat template, the params with chat's default length:
     what the context leaves after that prompt, OpenAI's, unless the request or the model set one)."""
-    prompt_ids = await client.apply_chat_template(messages, tools=tools)
+    extra = getattr(body, "chat_template_kwargs", None)  # a body that has them (chat): the template's variables
+    options = {"template_kwargs": extra} if extra else {}
+    prompt_ids = await client.apply_chat_template(messages, tools=tools, **options)
     if not length_is_given(body, client.generation_defaults):
         params = with_context_default(params, client.max_model_len - len(prompt_ids))
     return prompt_ids, params

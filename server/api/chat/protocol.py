@@ -27,6 +27,7 @@ from server.api.chat.messages import TEXT_ONLY, ChatMessage, TextPart
 from server.translate.fields import GenerationFields, RequestHints
 from server.translate.params import to_params
 from server.translate.strict import Strict
+from server.translate.template_kwargs import TemplateKwargs
 from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
 
 
@@ -75,6 +76,9 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     verbosity: Literal["low", "medium", "high"] | None = None
     prediction: PredictionContent | None = None  # honoured: prompt lookup drafts from it (server.translate.params)
+    # vLLM's: variables the chat template reads (Qwen3's enable_thinking, ...); names the template step
+    # itself sets are refused (server.translate.template_kwargs)
+    chat_template_kwargs: TemplateKwargs | None = None
     modalities: Annotated[list[Literal["text"]], BeforeValidator(_text_modality)] | None = None
     # refused unless null
     audio: NoAudioOutput = None

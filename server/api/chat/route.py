@@ -14,6 +14,7 @@ from server.api.generation import admitted, engine_of, respond, served_model, te
 from server.http.auth import require_api_key
 from server.output.tool_parser import PARSERS
 from server.translate.structured import answer_after_thinking, reasoning_of
+from server.translate.template_kwargs import thinking_allowed
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 
@@ -23,7 +24,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     client = engine_of(request)
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
-    reasoning = reasoning_of(request)
+    reasoning = reasoning_of(request) if thinking_allowed(body.chat_template_kwargs) else None
     params = answer_after_thinking(params, reasoning)  # a constraint shapes the answer, after the thinking
     messages = body.messages_or_error()
     prompt_ids, params = await templated(client, body, params, messages, body.template_tools())

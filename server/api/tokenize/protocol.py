@@ -8,6 +8,7 @@ from typing import Any
 from decoding import ParameterError
 from server.api.chat.messages import ChatMessage
 from server.translate.strict import Strict
+from server.translate.template_kwargs import TemplateKwargs
 from server.translate.tools import Tool
 
 
@@ -23,6 +24,7 @@ class TokenizeRequest(Strict):
     add_generation_prompt: bool = True
     add_special_tokens: bool | None = None
     tools: list[Tool] | None = None
+    chat_template_kwargs: TemplateKwargs | None = None
     return_token_strs: bool = False
 
     def checked(self) -> TokenizeRequest:
@@ -33,7 +35,7 @@ class TokenizeRequest(Strict):
         if self.messages is not None and not self.messages:
             raise ParameterError("messages must not be empty", param="messages")
         if self.prompt is not None:
-            for name in ("tools", "add_generation_prompt"):
+            for name in ("tools", "add_generation_prompt", "chat_template_kwargs"):
                 if name in self.model_fields_set:
                     raise ParameterError(f"{name} applies to messages (the chat template), not to a prompt",
                                          param=name)  # fmt: skip

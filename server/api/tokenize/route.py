@@ -32,6 +32,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             tools=body.template_tools(),
             add_generation_prompt=body.add_generation_prompt,
             add_special_tokens=bool(body.add_special_tokens),
+            **({"template_kwargs": body.chat_template_kwargs} if body.chat_template_kwargs else {}),
         )
     strings = await client.token_strings(ids) if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=client.max_model_len, tokens=ids, token_strs=strings)
