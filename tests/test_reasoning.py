@@ -197,6 +197,23 @@ def test_a_stored_reasoning_item_is_not_rendered_in_a_continued_conversation():
     assert template_messages(None, items) == [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
 
 
+def test_a_replayed_reasoning_input_item_is_kept_and_not_rendered():
+    """Clients that send the history back (the agents SDK without previous_response_id) replay the
+    reasoning items they got: accepted, stored as items, left out of the prompt."""
+    from server.api.responses.protocol import ResponsesRequest
+
+    body = ResponsesRequest.model_validate({"model": "m", "input": [
+        {"type": "message", "role": "user", "content": "hi"},
+        {"type": "reasoning", "id": "rs_1", "summary": [], "content": [{"type": "reasoning_text", "text": "t"}],
+         "encrypted_content": None},
+        {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "yo"}]},
+        {"type": "message", "role": "user", "content": "and?"}]})  # fmt: skip
+    items = body.input_items()
+    assert [item["type"] for item in items] == ["message", "reasoning", "message", "message"]
+    assert items[1]["id"] == "rs_1" and items[1]["content"] == [{"type": "reasoning_text", "text": "t"}]
+    assert [m["content"] for m in template_messages(None, items)] == ["hi", "yo", "and?"]
+
+
 # ---- Messages API -----------------------------------------------------------------------------------
 def test_messages_give_a_thinking_block_first_and_the_same_blocks_streamed_and_whole():
     streamed, whole = (Reply("msg_1", "m", lambda: HermesStream(["f"]), QWEN3) for _ in range(2))

@@ -16,7 +16,7 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from decoding import ParameterError
 from server.api.chat.messages import TEXT_ONLY
@@ -88,8 +88,24 @@ class FunctionCallOutputItem(Strict):
                 "output": self.output, "status": self.status or "completed"}  # fmt: skip
 
 
+class ReasoningItem(Strict):
+    """A reasoning item as a client replays it (the agents SDK sends the history back): kept, listed,
+    and not rendered, as reasoning models' templates drop an earlier turn's thinking."""
+
+    type: Literal["reasoning"]
+    id: str | None = None
+    summary: list[dict[str, Any]] = Field(default_factory=list)
+    content: list[dict[str, Any]] | None = None
+    encrypted_content: str | None = None  # a hint: nothing here is encrypted
+    status: Literal["in_progress", "completed", "incomplete"] | None = None
+
+    def stored(self) -> dict[str, Any]:
+        return {"id": self.id or new_id("rs"), "type": "reasoning", "summary": self.summary,
+                "content": self.content or [], "status": self.status or "completed"}  # fmt: skip
+
+
 ITEM_KINDS = {"message": "MessageItem", "function_call": "FunctionCallItem",
-              "function_call_output": "FunctionCallOutputItem"}  # fmt: skip
+              "function_call_output": "FunctionCallOutputItem", "reasoning": "ReasoningItem"}  # fmt: skip
 
 
 def _item_kind(item: Any) -> str | None:  # noqa: ANN401
@@ -101,21 +117,25 @@ def _item_kind(item: Any) -> str | None:  # noqa: ANN401
 def _served_item(item: Any) -> Any:  # noqa: ANN401
     kind = item.get("type", "message") if isinstance(item, dict) else None
     if isinstance(kind, str) and kind not in ITEM_KINDS:
-        raise ParameterError(f"input items of type '{kind}' are not supported here; send message, function_call "
-                             "or function_call_output items")  # fmt: skip
+        raise ParameterError(f"input items of type '{kind}' are not supported here; send message, function_call, "
+                             "function_call_output or reasoning items")  # fmt: skip
     return item
 
 
 InputItem = Annotated[
     Annotated[MessageItem, Tag("MessageItem")] | Annotated[FunctionCallItem, Tag("FunctionCallItem")]
-    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")],
+    | Annotated[FunctionCallOutputItem, Tag("FunctionCallOutputItem")] | Annotated[ReasoningItem, Tag("ReasoningItem")],
     Discriminator(_item_kind, custom_error_type="invalid_input_item",
-                  custom_error_message="an input item's type must be message, function_call or function_call_output"),
+                  custom_error_message="an input item's type must be message, function_call, function_call_output "
+                                       "or reasoning"),
     BeforeValidator(_served_item),
 ]  # fmt: skip
 
 
-def stored_items(input_: str | list[MessageItem | FunctionCallItem | FunctionCallOutputItem]) -> list[dict]:
+AnyItem = MessageItem | FunctionCallItem | FunctionCallOutputItem | ReasoningItem
+
+
+def stored_items(input_: str | list[AnyItem]) -> list[dict]:
     """The request's ``input`` as stored items, each with an id (a string is one user message)."""
     if isinstance(input_, str):
         return [MessageItem(role="user", content=input_).stored()]
