@@ -29,6 +29,7 @@ from pathlib import Path
 import httpx
 import torch
 
+from loadtests.compare import free_port  # stdlib and httpx only at import: safe on the GPU machine
 from loadtests.loadgen import PROMPTS, build_parser, run_load
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -88,14 +89,6 @@ def hf_generate_tok_s(folder: Path, device: str, dtype: torch.dtype, new_tokens:
     if device.startswith("cuda"):
         torch.cuda.empty_cache()
     return best
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start(command: list[str], port: int, log_file: Path, ready: str, timeout: float) -> subprocess.Popen:

@@ -138,13 +138,20 @@ def _mixed_requests() -> list[tuple[str, str | None, list[int], GenerationParams
             for i in range(16)]  # fmt: skip
 
 
-def test_sixteen_mixed_requests_each_equal_their_batch_1_run(base, adapters, smollm2_tokenizer):
+@pytest.fixture(scope="module")
+def crowd(base, adapters, smollm2_tokenizer):
+    """The sixteen mixed requests run at once, once for the tests that read them."""
     folders = {name: folder for name, (folder, _) in adapters.items()}
-    crowd = LoraHarness(base, smollm2_tokenizer, folders)
+    harness = LoraHarness(base, smollm2_tokenizer, folders)
+    for request_id, name, ids, params in _mixed_requests():
+        harness.add(request_id, ids, params.replace(lora_name=name))
+    harness.run()
+    return harness
+
+
+def test_sixteen_mixed_requests_each_equal_their_batch_1_run(base, adapters, smollm2_tokenizer, crowd):
+    folders = {name: folder for name, (folder, _) in adapters.items()}
     requests = _mixed_requests()
-    for request_id, name, ids, params in requests:
-        crowd.add(request_id, ids, params.replace(lora_name=name))
-    crowd.run()
     for request_id, name, ids, params in requests:
         alone = LoraHarness(base, smollm2_tokenizer, {name: folders[name]} if name else {})
         alone.add("alone", ids, params.replace(lora_name=name))
@@ -153,14 +160,9 @@ def test_sixteen_mixed_requests_each_equal_their_batch_1_run(base, adapters, smo
         assert len(alone.token_ids("alone")) > 0
 
 
-def test_plain_strategies_in_the_crowd_equal_peft(base, adapters, smollm2_tokenizer):
+def test_plain_strategies_in_the_crowd_equal_peft(base, adapters, crowd):
     """The greedy and seeded-sampling rows of a mixed batch are PEFT's tokens, not only the engine's own."""
-    folders = {name: folder for name, (folder, _) in adapters.items()}
-    crowd = LoraHarness(base, smollm2_tokenizer, folders)
     requests = _mixed_requests()
-    for request_id, name, ids, params in requests:
-        crowd.add(request_id, ids, params.replace(lora_name=name))
-    crowd.run()
     checked = 0
     for request_id, name, ids, params in requests:
         if params in (GREEDY, SAMPLED):

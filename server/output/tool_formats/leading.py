@@ -9,6 +9,7 @@ the whole reply is content (malformed output stays content); after one, the text
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Collection
 
 from server.output.tool_formats.calls import Brackets, ToolCall
@@ -16,7 +17,7 @@ from server.output.tool_formats.calls import Brackets, ToolCall
 SKIP, ITEM, END, CONTENT = "skip", "item", "end", "content"  # what a character between calls is
 
 
-class LeadingCallsStream:
+class LeadingCallsStream(ABC):
     """Base of the anchored formats' streams; a subclass says what its reply opens with (``HEADS``),
     what a character between calls means (``between``), when an item is whole and how it parses."""
 
@@ -34,15 +35,17 @@ class LeadingCallsStream:
         self._emitted = 0
 
     # ---- what a subclass says ----------------------------------------------------------------------------
+    @abstractmethod
     def between(self, char: str) -> str:
-        raise NotImplementedError
+        """What ``char`` between two calls means: ``SKIP``, ``ITEM`` (a call starts), ``END`` or ``CONTENT``."""
 
     def item_done(self, char: str) -> bool:
         """After ``char`` was scanned into the open item: is the item whole?"""
         return self._brackets.depth == 0
 
+    @abstractmethod
     def parse(self, item: str) -> ToolCall | None:
-        raise NotImplementedError
+        """One whole item as a call of an offered tool, or None (it is not one)."""
 
     # ---- the stream ----------------------------------------------------------------------------------------
     def feed(self, text: str) -> tuple[str, list[ToolCall]]:
