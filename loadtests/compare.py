@@ -1,10 +1,12 @@
 """The same load against Decoda and, when installed, its peers, on the same model, in one run.
 
 Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
-- Decoda serving the embedded SmolLM2-135M-Instruct, once per ``--decoda-modes`` entry: float32
+- Decoda serving a packaged model (``--model``: SmolLM2-135M-Instruct by default, or Gemma 3 270M),
+  once per ``--decoda-modes`` entry: float32
   (the default), bfloat16, auto (``--dtype auto``), a ``--quantization`` mode (gguf, int8, int4), or gguf+compile;
 - ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
-- llama.cpp's server (``llama-cpp-python[server]``) on the package's Q4_1 GGUF, which llama.cpp
+- llama.cpp's server (``llama-cpp-python[server]``) on the package's GGUF (SmolLM2's Q4_1, Gemma's
+  Q4_K_M assembled from its chunks as Decoda assembles it), which llama.cpp
   runs quantized (the others run the dequantized float32 weights), in its own virtualenv: the
   interpreter is ``--llama-cpp-python PATH`` or ``$DECODA_LLAMA_CPP_PYTHON``; with neither, that
   server is skipped (and the report says why).
@@ -19,6 +21,8 @@ not an error.
     .venv/bin/python -m loadtests.compare --concurrency 1,4,16 --requests-per-client 3 --rounds 3
     .venv/bin/python -m loadtests.compare --decoda-modes float32,gguf --servers decoda,llama.cpp --concurrency 1,16
     .venv/bin/python -m loadtests.compare --servers decoda --baseline main~1 --concurrency 1,16
+    .venv/bin/python -m loadtests.compare --model gemma3-270m --decoda-modes gguf+compile \
+        --servers decoda,llama.cpp --concurrency 1,16 --rounds 3
 
 ``--baseline REF`` adds Decoda as it was at git ``REF`` (float32, a detached worktree of this
 repository in a temporary folder, run with this virtualenv) as one more server taking turns, so a
@@ -52,7 +56,11 @@ from loadtests.loadgen import run_load
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtests" / "results"
 LLAMACPP_ENV = "DECODA_LLAMA_CPP_PYTHON"  # the llama.cpp virtualenv's interpreter, when no flag names it
-DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batching", "llama.cpp server (Q4_1)"
+DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batching", "llama.cpp server"
+SMOLLM2 = "smollm2-135m-instruct"
+MODELS = (SMOLLM2, "gemma3-270m")  # the packaged models
+MODEL_TITLES = {SMOLLM2: "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"}
+GGUF_TYPES = {SMOLLM2: "Q4_1", "gemma3-270m": "Q4_K_M (Q5_0, Q4_K, Q6_K layers; a Q8_0 tied head)"}
 DECODA_MODES = {  # --decoda-modes entry: Decoda's flags for it
     "float32": [],
     "bfloat16": ["--dtype", "bfloat16"],
@@ -110,9 +118,21 @@ def smollm2_gguf() -> Path:
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
-def converted_folder() -> Path | None:
+def packaged_gguf(model: str) -> Path:
+    """The GGUF file llama.cpp serves for a packaged model: the one Decoda reads (Gemma's chunks
+    assembled once into Decoda's cache, as Decoda's own load does)."""
+    if model == SMOLLM2:
+        return smollm2_gguf()
+    from decoding.model.loading import _packaged_gguf
+    from decoding.model.registry import PACKAGED_MODELS
+
+    return _packaged_gguf(PACKAGED_MODELS[model], Path.home() / ".cache" / "decoda")
+
+
+def converted_folder(model: str = SMOLLM2) -> Path | None:
     root = Path.home() / ".cache" / "decoda" / "models"
-    folders = sorted(root.glob("smollm2*"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
+    prefix = "smollm2" if model == SMOLLM2 else model
+    folders = sorted(root.glob(f"{prefix}*"), key=lambda p: p.stat().st_mtime, reverse=True) if root.exists() else []
     return next((f for f in folders if (f / "config.json").exists()), None)
 
 
@@ -146,26 +166,26 @@ def baseline_checkout(ref: str) -> Path | str:
 
 
 def decoda_command(args: argparse.Namespace, port: int, flags: list[str]) -> list[str]:
-    return [sys.executable, "-m", "server.cli", "serve", "--port", str(port),
+    return [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--model", args.model,
             "--max-num-seqs", str(max(args.concurrency_list)), "--max-model-len", "1024", *flags]  # fmt: skip
 
 
 def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list[str], str] | str]:
     """(command, model name to request) per server, or a string saying why it cannot run here."""
     commands: dict[str, tuple[list[str], str] | str] = {
-        decoda_name(mode): (decoda_command(args, port, DECODA_MODES[mode]), "smollm2-135m-instruct")
+        decoda_name(mode): (decoda_command(args, port, DECODA_MODES[mode]), args.model)
         for mode in args.decoda_modes.split(",")
     }
     if args.baseline:
         checkout = args.baseline_dir = baseline_checkout(args.baseline)
         # env --chdir: ``python -m`` imports the checkout's own server/ and decoding/ from its folder
         commands[baseline_name(args.baseline)] = (
-            (["env", "--chdir", str(checkout), *decoda_command(args, port, [])], "smollm2-135m-instruct")
+            (["env", "--chdir", str(checkout), *decoda_command(args, port, [])], args.model)
             if isinstance(checkout, Path)
             else checkout
         )
     transformers_cli = shutil.which("transformers", path=str(Path(sys.executable).parent))
-    folder = Path(args.hf_folder) if args.hf_folder else converted_folder()
+    folder = Path(args.hf_folder) if args.hf_folder else converted_folder(args.model)
     if transformers_cli is None:
         commands[TRANSFORMERS] = "not installed"
     elif folder is None:
@@ -183,10 +203,10 @@ def server_commands(args: argparse.Namespace, port: int) -> dict[str, tuple[list
         commands[LLAMACPP] = f"skipped: {llamacpp} does not exist"
     else:
         commands[LLAMACPP] = ([
-            str(llamacpp), "-m", "llama_cpp.server", "--model", str(smollm2_gguf()), "--port", str(port),
+            str(llamacpp), "-m", "llama_cpp.server", "--model", str(packaged_gguf(args.model)), "--port", str(port),
             "--n_ctx", "4096", "--n_threads", "2",
             "--interrupt_requests", "False",  # its default cuts a running stream when another request arrives
-        ], str(smollm2_gguf()))  # fmt: skip
+        ], str(packaged_gguf(args.model)))  # fmt: skip
     return commands
 
 
@@ -332,7 +352,8 @@ def goal_lines(rows: list[dict]) -> list[str]:
     return lines
 
 
-def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num_rounds: int) -> Path:
+def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num_rounds: int,
+                   model: str = SMOLLM2) -> Path:  # fmt: skip
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.0f}"
 
@@ -342,11 +363,11 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC on this machine (no GPU) with",
         f"`{command}`.",
         f"CPU: {cpu_summary()}.",
-        "SmolLM2-135M-Instruct, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
+        f"{MODEL_TITLES[model]}, /v1/completions streaming, greedy, max_tokens 128 with the eos ids banned through",
         "logit_bias (transformers serve ignores logit_bias, so it serves a view of the folder with no eos id;",
         "tokens/req shows what each server generated). Decoda (unless a mode is named) and transformers serve",
-        "run the dequantized float32 weights; llama.cpp runs the package's Q4_1 GGUF natively (4-bit, ~6x fewer",
-        "bytes), as does `decoda gguf` (`--quantization gguf`). Resident MB: the server's VmRSS after the level;",
+        f"run the dequantized float32 weights; llama.cpp runs the package's {GGUF_TYPES[model]} GGUF natively, as does",
+        "`decoda gguf` (`--quantization gguf`). Resident MB: the server's VmRSS after the level;",
         "ready s: from starting the process to its health check answering (the model cached, compiles included).",
         f"The servers took turns over {num_rounds} round(s), the order reversed every other round, because this",
         "machine's speed drifts by up to 30% over minutes; tok/s is the median of the rounds (each round's",
@@ -406,6 +427,7 @@ def write_plot(rows: list[dict]) -> Path | None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", choices=MODELS, default=SMOLLM2, help="the packaged model every server runs")
     parser.add_argument("--concurrency", default="1,4,16")
     parser.add_argument("--requests-per-client", type=int, default=4)
     parser.add_argument("--max-tokens", type=int, default=128)
@@ -460,7 +482,7 @@ def main() -> None:
                     row["round"] = round_
                     rows.append(row)
     command_line = "python -m loadtests.compare " + " ".join(sys.argv[1:])
-    print(write_markdown(rows, problems, command_line.strip(), args.rounds).read_text())
+    print(write_markdown(rows, problems, command_line.strip(), args.rounds, args.model).read_text())
     (RESULTS / "comparison.json").write_text(json.dumps({"rows": rows, "problems": problems}, indent=1))
     plot = write_plot(rows)
     if plot:

@@ -18,7 +18,14 @@ import torch
 from gguf import GGMLQuantizationType
 
 from decoding.model.quantization import apply, block_matrix
-from decoding.model.quantization.block_matrix import BlockMatrix, deinterleave_bytes, interleave_bytes, pack_nibbles
+from decoding.model.quantization.block_matrix import (
+    BlockMatrix,
+    deinterleave_bytes,
+    interleave_bytes,
+    pack_codes,
+    pack_nibbles,
+    unpack_codes,
+)
 from decoding.model.quantization.gguf_blocks import decode_blocks
 from decoding.model.quantization.int4_matrix import Int4Matrix
 from decoding.model.quantization.weight_only import quantize_int4
@@ -27,7 +34,7 @@ from tests.test_quantization_kernels import random_blocks
 T = GGMLQuantizationType
 FOUR_BIT = [T.Q4_0, T.Q4_1, T.Q4_K]
 
-WIDE = [T.Q5_0, T.Q5_1, T.Q5_K, T.Q8_0]
+WIDE = [T.Q5_0, T.Q5_1, T.Q5_K, T.Q6_K, T.Q8_0]
 VNNI = block_matrix.isa() == block_matrix.AVX512_VNNI
 
 pytestmark = pytest.mark.skipif(not block_matrix.available(), reason="no AVX2 / AVX-512 VNNI build of the kernel here")
@@ -78,21 +85,21 @@ def test_each_four_bit_block_type_is_within_the_stated_bound(kind, rows, dtype):
 
 @needs_vnni
 @pytest.mark.parametrize("kind", WIDE, ids=lambda k: k.name)
-@pytest.mark.parametrize("rows", [1, 5])
+@pytest.mark.parametrize("rows", [1, 5, 16])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_each_wider_block_type_is_within_the_stated_bound(kind, rows, dtype):
-    width = 256 if kind == T.Q5_K else 160  # 160: a group of four blocks and one of one
+    width = 256 if kind in (T.Q5_K, T.Q6_K) else 160  # 160: a group of four blocks and one of one
     codes = decode_blocks(random_blocks(kind, 70, width, seed=rows), kind)
     matrix = BlockMatrix(codes)
-    assert matrix.bits == 8
+    assert matrix.bits == codes.bits  # 5-bit codes as nibbles and a plane, Q6_K's as nibbles and two
     torch.manual_seed(rows)
     assert_within_bound(matrix, codes.dequantize(), torch.randn(rows, width).to(dtype))
 
 
 @needs_vnni
 @pytest.mark.parametrize("kind", WIDE, ids=lambda k: k.name)
-def test_an_embedding_reads_exact_rows_back_from_the_8_bit_layout(kind):
-    width = 256 if kind == T.Q5_K else 96
+def test_an_embedding_reads_exact_rows_back_from_each_wide_layout(kind):
+    width = 256 if kind in (T.Q5_K, T.Q6_K) else 96
     codes = decode_blocks(random_blocks(kind, 40, width), kind)
     matrix = BlockMatrix(codes)
     ids = torch.tensor([0, 39, 7, 7, 12])
@@ -106,6 +113,28 @@ def test_the_8_bit_layout_interleaves_a_groups_halves_and_comes_back():
     assert torch.equal(stored[:, 64:80], codes[:, 16:32])  # the first block's columns 16..31 after the low halves
     assert torch.equal(stored[:, 128 + 16 : 128 + 32], codes[:, 160:176])  # the tail group: block 5's low half
     assert torch.equal(deinterleave_bytes(stored), codes)
+
+
+@pytest.mark.parametrize("bits", [5, 6])
+def test_the_bit_planes_hold_each_codes_high_bits_in_the_kernels_order_and_come_back(bits):
+    codes = torch.randint(0, 1 << bits, (3, 32 * 6), dtype=torch.uint8)  # a group of four blocks, then one of two
+    stored = pack_codes(codes, bits)
+    assert stored.shape == (3, 6 * 16 + 2 * (bits - 4) * 16)  # nibbles, then 16 bytes a plane and group
+    assert torch.equal(stored[:, :96], pack_nibbles(codes & 0x0F))
+    first_plane_low = int.from_bytes(bytes(stored[0, 96:104].tolist()), "little")
+    block, column = 2, 9  # bit 16 * 2 + 9 of the low halves' mask: block 2, column 9
+    assert (first_plane_low >> (16 * block + column)) & 1 == (int(codes[0, 32 * block + column]) >> 4) & 1
+    assert torch.equal(unpack_codes(stored, bits, codes.shape[1]), codes)
+
+
+@needs_vnni
+def test_symmetric_types_store_no_minimums_and_q6_k_keeps_a_scale_per_16_columns():
+    q5 = BlockMatrix(decode_blocks(random_blocks(T.Q5_0, 8, 64), T.Q5_0))
+    q6 = BlockMatrix(decode_blocks(random_blocks(T.Q6_K, 8, 256), T.Q6_K))
+    q4k = BlockMatrix(decode_blocks(random_blocks(T.Q4_K, 8, 256), T.Q4_K))
+    assert (q5.zero, q5.mins.numel(), q5.scale_columns) == (16, 0, 32)
+    assert (q6.zero, q6.mins.numel(), q6.scale_columns, tuple(q6.scales.shape)) == (32, 0, 16, (8, 16))
+    assert q4k.zero == -1 and q4k.mins.shape == (8, 8)  # Q4_K's minimums are its own
 
 
 def test_int4_quantized_weights_of_a_model_shape_are_within_the_bound():
@@ -162,7 +191,7 @@ def test_bad_inputs_are_refused_by_the_operator():
     matrix = BlockMatrix(quantize_int4(torch.randn(8, 64)))
     with pytest.raises(RuntimeError, match="float32 or bfloat16"):
         matrix.matmul(torch.zeros(1, 64, dtype=torch.float16))
-    with pytest.raises(RuntimeError, match="in_features \\* bits / 8"):
+    with pytest.raises(RuntimeError, match="the format's bytes a row"):
         matrix.matmul(torch.zeros(1, 96))
 
 
@@ -172,8 +201,8 @@ def test_gguf_block_types_take_the_native_kernel_where_it_runs_and_the_rest_stay
     q6 = decode_blocks(random_blocks(T.Q6_K, 32, 256), T.Q6_K)
     assert isinstance(apply._codes_matrix(q4, lookup=False), BlockMatrix)
     assert isinstance(apply._codes_matrix(q4, lookup=True), Int4Matrix)  # a 4-bit embedding reads the int4 layout
-    assert isinstance(apply._codes_matrix(q6, lookup=False), Int4Matrix)  # 16-column groups
-    wide = BlockMatrix if VNNI else Int4Matrix  # 8-bit codes: AVX-512 VNNI only
+    wide = BlockMatrix if VNNI else Int4Matrix  # 5- to 8-bit codes and Q6_K's 16-column groups: AVX-512 VNNI only
+    assert isinstance(apply._codes_matrix(q6, lookup=False), wide)
     assert isinstance(apply._codes_matrix(q8, lookup=False), wide)
     assert isinstance(apply._codes_matrix(q8, lookup=True), wide)
     monkeypatch.setattr(block_matrix, "_state", [None])  # as where the kernel cannot be built

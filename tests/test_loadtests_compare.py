@@ -9,7 +9,7 @@ from loadtests import compare
 
 
 def commands(monkeypatch, *flags: str) -> dict:
-    monkeypatch.setattr(compare, "converted_folder", lambda: None)  # no transformers serve view
+    monkeypatch.setattr(compare, "converted_folder", lambda model=None: None)  # no transformers serve view
     args = compare.build_parser().parse_args(list(flags))
     args.concurrency_list = [1]
     return compare.server_commands(args, 8123)
@@ -52,3 +52,14 @@ def test_a_baseline_ref_runs_from_its_own_checkout(monkeypatch, tmp_path):
     assert command[:3] == ["env", "--chdir", str(tmp_path / "v1")]
     assert command[3:6] == [compare.sys.executable, "-m", "server.cli"] and "--quantization" not in command
     assert model == "smollm2-135m-instruct"
+
+
+def test_the_second_packaged_model_is_served_by_every_server(monkeypatch, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setattr(compare, "packaged_gguf", lambda model: tmp_path / f"{model}.gguf")
+    servers = commands(monkeypatch, "--model", "gemma3-270m", "--llama-cpp-python", str(python))
+    decoda, model = servers[compare.DECODA]
+    assert decoda[decoda.index("--model") + 1] == "gemma3-270m" and model == "gemma3-270m"
+    llama, _ = servers[compare.LLAMACPP]
+    assert llama[llama.index("--model") + 1] == str(tmp_path / "gemma3-270m.gguf")

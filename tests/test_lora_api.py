@@ -82,6 +82,32 @@ def test_an_unknown_adapter_is_a_404_as_for_models(path, body):
     assert error["param"] == "model" and error["code"] == "model_not_found" and "sql" in error["message"]
 
 
+MESSAGE = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+
+
+def test_messages_api_model_names_the_adapter():
+    engine = LoraFakeEngine()
+    response = _post(engine, "/v1/messages", {**MESSAGE, "model": "sql"})
+    assert response.status_code == 200, response.text
+    assert response.json()["model"] == "sql" and engine.submitted[-1][2].lora_name == "sql"
+    base = _post(engine, "/v1/messages", {**MESSAGE, "model": MODEL})
+    assert base.status_code == 200 and base.json()["model"] == MODEL and engine.submitted[-1][2].lora_name is None
+    counted = _post(engine, "/v1/messages/count_tokens", {"messages": MESSAGE["messages"], "model": "sql"})
+    assert counted.status_code == 200 and counted.json()["input_tokens"] > 0
+
+
+@pytest.mark.parametrize("path", ["/v1/messages", "/v1/messages/count_tokens"])
+def test_messages_api_unknown_adapter_is_its_own_404(path):
+    body = {"messages": MESSAGE["messages"], "model": "nope"}
+    if path == "/v1/messages":
+        body["max_tokens"] = 2
+    response = _post(LoraFakeEngine(), path, body)
+    assert response.status_code == 404
+    answer = response.json()
+    assert answer["type"] == "error" and answer["error"]["type"] == "not_found_error"
+    assert "'nope'" in answer["error"]["message"] and "sql" in answer["error"]["message"]
+
+
 def test_custom_generate_cannot_run_an_adapter():
     body = {"prompt": "hello", "max_tokens": 2, "model": "sql", "custom_generate": "x"}
     response = _post(LoraFakeEngine(), "/v1/completions", body)

@@ -1,15 +1,23 @@
 """End to end: ``decoda serve`` with the embedded SmolLM2 and a seeded PEFT adapter made for it, driven by the
-real openai client: ``model="NAME"`` gives PEFT's tokens; adapters loaded and unloaded while serving."""
+real openai client (and the anthropic one on the Messages API): ``model="NAME"`` gives PEFT's tokens; adapters
+loaded and unloaded while serving."""
 
 from __future__ import annotations
 
+import json
+
+import anthropic
 import httpx
+import jsonschema
 import openai
 import pytest
 import torch
 
+from decoding.params.structured import StructuredOutput
+from decoding.structured.compiler import GrammarCompiler
 from tests.test_e2e_openai import start_server, stop_server
 from tests.test_lora_engine import make_adapter
+from tests.test_structured_engine import EOS, VOCAB, hf_constrained_greedy
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -66,6 +74,42 @@ def test_chat_with_the_adapter_gives_peft_tokens(client, adapters, smollm2):
     base = client.chat.completions.create(model=MODEL, messages=MESSAGES, max_tokens=12, temperature=0,
                                           extra_body={"return_token_ids": True})  # fmt: skip
     assert base.choices[0].model_extra["token_ids"] != expected
+
+
+COLOUR = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 12}}, "required": ["colour"],
+          "additionalProperties": False}  # fmt: skip
+
+
+def test_a_json_schema_with_the_adapter_is_obeyed_and_gives_peft_tokens_under_the_same_mask(client, adapters, smollm2):
+    _, tone, _ = adapters
+    reply = client.chat.completions.create(
+        model="tone", messages=MESSAGES, max_tokens=40, temperature=0, extra_body={"return_token_ids": True},
+        response_format={"type": "json_schema", "json_schema": {"name": "colour", "schema": COLOUR}},
+    )  # fmt: skip
+    choice = reply.choices[0]
+    assert reply.model == "tone" and choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.message.content), COLOUR)
+    ids = smollm2.tokenizer.apply_chat_template(MESSAGES, add_generation_prompt=True, tokenize=True)
+    ids = list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    compiler = GrammarCompiler(smollm2.tokenizer, VOCAB, [EOS])
+    expected = hf_constrained_greedy(tone, compiler, StructuredOutput("json", COLOUR), ids, 40)
+    assert expected[-1] == EOS and choice.model_extra["token_ids"] == expected[:-1]
+
+
+def test_messages_api_with_the_adapter_gives_peft_tokens(server, adapters, smollm2):
+    _, tone, _ = adapters
+    client = anthropic.Anthropic(base_url=server, api_key=KEY, max_retries=0)
+    message = client.messages.create(model="tone", max_tokens=12, messages=MESSAGES, extra_body={"temperature": 0})
+    expected = smollm2.tokenizer.decode(_peft_chat(tone, smollm2.tokenizer, 12), skip_special_tokens=True)
+    assert message.model == "tone"
+    assert "".join(block.text for block in message.content if block.type == "text") == expected
+    base = client.messages.create(model=MODEL, max_tokens=12, messages=MESSAGES, extra_body={"temperature": 0})
+    assert base.model == MODEL and base.content[0].text != expected
+    assert client.messages.count_tokens(model="tone", messages=MESSAGES).input_tokens > 0
+    with pytest.raises(anthropic.NotFoundError) as missing:
+        client.messages.create(model="nope", max_tokens=2, messages=MESSAGES)
+    assert missing.value.body["type"] == "error" and missing.value.body["error"]["type"] == "not_found_error"
+    assert "tone" in missing.value.body["error"]["message"]
 
 
 def test_load_use_and_unload_while_serving(server, client, adapters, smollm2):

@@ -17,13 +17,25 @@
    PyTorch's own (its parallel_for over output rows). Each output depends only on its own
    activation row, so a row's result does not change with how many rows share the call.
 
-   Weights, w = d * q + m per 32-column block (scales d and minimums m [N, K/32] in float16 or
-   float32), as codes [N, K * bits / 8] uint8 in one of two layouts:
+   Weights, w = d * q + m per 32-column block, or w = d * (q - zero) for a symmetric type (GGUF's
+   Q4_0, Q5_0, Q8_0, Q6_K: no minimums stored; the zero is subtracted inside the integer dot
+   product, each lane starting at -zero times its activation codes' sum). Scales d (and minimums m)
+   are [N, K/32] float16 or float32; Q6_K has a scale per 16 columns ([N, K/16]). Codes are
+   [N, row_bytes_of(bits, K/32)] uint8 in one of three layouts:
    - 4 bits: ggml's Q4 order: byte i of a block holds column i in its low nibble and column i + 16
      in its high nibble;
-   - 8 bits (codes up to 255: GGUF's Q5 and Q8 types; AVX-512 VNNI only, since AVX2's byte
-     product saturates): per group of 4 blocks, columns 0..15 of each block (16 bytes a block), then
-     columns 16..31, so a group loads as the same two halves the 4-bit codes split into. */
+   - 5 and 6 bits (Q5_0, Q5_1, Q5_K, Q6_K): those nibbles, then per group of 4 blocks one or two
+     bit planes (a 64-bit mask for the low halves' bytes of the group's 64-byte nibble load and one
+     for the high halves'), added into the widened nibbles with masked byte adds: 5.5 and 6.5 bits
+     a weight with their scales, as in the file, instead of a byte each;
+   - 8 bits (Q8_0): per group of 4 blocks, columns 0..15 of each block (16 bytes a block), then
+     columns 16..31, so a group loads as the same two halves the 4-bit codes split into.
+   Wider than 4 bits needs AVX-512 VNNI (AVX2's byte product saturates), as do symmetric types
+   without minimums: on AVX2 the caller gives every type its minimums.
+
+   At one activation row the product streams the weights once: the first activation tile
+   prefetches the weight rows PREFETCH_ROWS ahead, which took Gemma 3's 262,144 x 640 Q8_0 head from
+   ~13 ms to ~7.2 ms a token on a 2-core Sapphire Rapids (25 GB/s, the machine's streaming rate). */
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -70,37 +82,58 @@ constexpr int64_t BLOCK = 32;  // columns sharing one scale, in the weights and 
 constexpr int64_t GROUP = 4;   // blocks a 64-byte load of packed codes covers
 constexpr int64_t ROW_TILE = 4;     // activation rows sharing one load of a weight group
 constexpr int64_t WEIGHT_TILE = 8;  // weight rows kept in L1 while every activation tile passes
+constexpr int64_t PREFETCH_ROWS = 8;  // how far ahead (in weight rows) the weights are prefetched
 
 /* One call's activations, quantized. Codes per (row, group of 4 blocks): 128 bytes, the low half
    holding columns 0..15 of each block (16 j + i for block j) and the high half columns 16..31, so
-   they line up with a 64-byte load of packed codes split into low and high nibbles. */
+   they line up with a 64-byte load of packed codes split into low and high nibbles. Lane L of a
+   group (a 32-bit lane of the dot product) covers codes 4L..4L+3 of each half: block L / 4. */
 struct Quantized {
     int64_t rows = 0, blocks = 0, groups = 0;
     std::vector<int8_t> codes;       // [rows, groups, 128]
     std::vector<float> lane_scale;   // [rows, groups, 16]: dx of block j in lanes 4j..4j+3
     std::vector<float> lane_sum;     // [rows, groups, 16]: block j's rounded sum / 4 in lanes 4j..4j+3
+    std::vector<int32_t> lane_low;   // [rows, groups, 16]: each lane's 4 low-half codes summed
+    std::vector<int32_t> lane_high;  // [rows, groups, 16]: each lane's 4 high-half codes summed
 };
 
-/* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale and the
-   sum of its ROUNDED values (scale * sum of codes), as Q8_1 keeps: the minimum term m * sum then
-   sees the same activations as the code term, so their rounding errors cancel as they do in the
-   product with the whole weight d * q + m. (With the exact sum the code term's error, d * q * e,
-   no longer cancels: on SmolLM2 the mean KL to the float model was 0.015 instead of 0.003.)
+/* One 32-value block to int8 codes (columns 0..15 into low, 16..31 into high), its scale, the
+   sum of its ROUNDED values (scale * sum of codes), as Q8_1 keeps, and each lane's code sums: the
+   minimum term (m * sum, or -zero * sum of codes for a symmetric type) then sees the same
+   activations as the code term, so their rounding errors cancel as they do in the product with
+   the whole weight d * q + m. (With the exact sum the code term's error, d * q * e, no longer
+   cancels: on SmolLM2 the mean KL to the float model was 0.015 instead of 0.003.)
    Rounding is to nearest even (the vector conversions' default, as nearbyint). */
 #if defined(BLOCK_AVX512_VNNI)
-inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum, int32_t* low_lanes,
+                           int32_t* high_lanes) {
     const __m512 a = _mm512_loadu_ps(v), b = _mm512_loadu_ps(v + 16);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     scale = amax / 127.0f;
     const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
     const __m512i qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inverse));
     const __m512i qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inverse));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), _mm512_cvtsepi32_epi8(qa));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(high), _mm512_cvtsepi32_epi8(qb));
+    const __m128i la = _mm512_cvtsepi32_epi8(qa), lb = _mm512_cvtsepi32_epi8(qb);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low), la);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(high), lb);
+    const __m128i ones = _mm_set1_epi8(1);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(low_lanes), _mm_dpbusd_epi32(_mm_setzero_si128(), ones, la));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(high_lanes), _mm_dpbusd_epi32(_mm_setzero_si128(), ones, lb));
     sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
 }
-#elif defined(BLOCK_AVX2)
-inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+#else
+inline void lane_sums(const int8_t* low, const int8_t* high, int32_t* low_lanes, int32_t* high_lanes) {
+    for (int lane = 0; lane < 4; lane++) {
+        low_lanes[lane] = high_lanes[lane] = 0;
+        for (int i = 0; i < 4; i++) {
+            low_lanes[lane] += low[4 * lane + i];
+            high_lanes[lane] += high[4 * lane + i];
+        }
+    }
+}
+#if defined(BLOCK_AVX2)
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum, int32_t* low_lanes,
+                           int32_t* high_lanes) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 parts[4], top = _mm256_setzero_ps();
     for (int i = 0; i < 4; i++) {
@@ -123,9 +156,11 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
         total += codes[i] + codes[16 + i];
     }
     sum = scale * static_cast<float>(total);
+    lane_sums(low, high, low_lanes, high_lanes);
 }
 #else
-inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum) {
+inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum, int32_t* low_lanes,
+                           int32_t* high_lanes) {
     float amax = 0.0f;
     for (int64_t i = 0; i < BLOCK; i++) amax = std::max(amax, std::fabs(v[i]));
     scale = amax / 127.0f;
@@ -137,14 +172,19 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
         total += low[i] + high[i];
     }
     sum = scale * static_cast<float>(total);
+    lane_sums(low, high, low_lanes, high_lanes);
 }
+#endif
 #endif
 
 template <typename T>
-void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* lane_sum) {
+void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, float* lane_scale, float* lane_sum,
+                  int32_t* lane_low, int32_t* lane_high) {
     std::memset(codes, 0, groups * 128);
     std::fill(lane_scale, lane_scale + groups * 16, 0.0f);
     std::fill(lane_sum, lane_sum + groups * 16, 0.0f);
+    std::fill(lane_low, lane_low + groups * 16, 0);
+    std::fill(lane_high, lane_high + groups * 16, 0);
     float widened[BLOCK];
     for (int64_t b = 0; b < blocks; b++) {
         const float* values;
@@ -156,7 +196,8 @@ void quantize_row(const T* x, int64_t blocks, int64_t groups, int8_t* codes, flo
         }
         const int64_t g = b / GROUP, j = b % GROUP;
         float scale, sum;
-        quantize_block(values, codes + g * 128 + 16 * j, codes + g * 128 + 64 + 16 * j, scale, sum);
+        quantize_block(values, codes + g * 128 + 16 * j, codes + g * 128 + 64 + 16 * j, scale, sum,
+                       lane_low + g * 16 + 4 * j, lane_high + g * 16 + 4 * j);
         for (int64_t lane = 0; lane < 4; lane++) {
             lane_scale[g * 16 + 4 * j + lane] = scale;
             lane_sum[g * 16 + 4 * j + lane] = sum * 0.25f;  // exact: a power of two
@@ -172,21 +213,36 @@ Quantized quantize(const Tensor& x) {
     q.codes.resize(q.rows * q.groups * 128);
     q.lane_scale.resize(q.rows * q.groups * 16);
     q.lane_sum.resize(q.rows * q.groups * 16);
+    q.lane_low.resize(q.rows * q.groups * 16);
+    q.lane_high.resize(q.rows * q.groups * 16);
     const int64_t k = x.size(1);
     torch::stable::parallel_for(0, q.rows, 4, [&](int64_t begin, int64_t end) {
         for (int64_t r = begin; r < end; r++) {
-            int8_t* codes = q.codes.data() + r * q.groups * 128;
-            float* lanes = q.lane_scale.data() + r * q.groups * 16;
-            float* quarters = q.lane_sum.data() + r * q.groups * 16;
+            const int64_t at = r * q.groups;
+            int8_t* codes = q.codes.data() + at * 128;
+            float* lanes = q.lane_scale.data() + at * 16;
+            float* quarters = q.lane_sum.data() + at * 16;
+            int32_t* low = q.lane_low.data() + at * 16;
+            int32_t* high = q.lane_high.data() + at * 16;
             if (x.scalar_type() == ScalarType::BFloat16)
                 quantize_row(static_cast<const c10::BFloat16*>(x.data_ptr()) + r * k, q.blocks, q.groups, codes,
-                             lanes, quarters);
+                             lanes, quarters, low, high);
             else
                 quantize_row(static_cast<const float*>(x.data_ptr()) + r * k, q.blocks, q.groups, codes, lanes,
-                             quarters);
+                             quarters, low, high);
         }
     });
     return q;
+}
+
+/* Bytes of one weight row: 4-bit codes are nibbles (16 bytes a block); 5- and 6-bit codes are those
+   nibbles, then per group of 4 blocks one or two planes of their fifth and sixth bits (16 bytes a
+   plane: 64 bits for the low halves' bytes of the group's 64-byte nibble load, 64 for the high
+   halves'); 8-bit codes a byte each (32 a block). */
+int64_t row_bytes_of(int64_t bits, int64_t blocks) {
+    const int64_t groups = (blocks + GROUP - 1) / GROUP;
+    if (bits == 8) return blocks * 32;
+    return blocks * 16 + groups * (bits - 4) * 16;
 }
 
 #if defined(BLOCK_AVX512_VNNI)
@@ -199,6 +255,16 @@ inline __m128 load4(const S* p, int64_t count) {
     }
 }
 
+template <typename S>
+inline __m256 load8(const S* p, int64_t count) {
+    const __mmask8 k = static_cast<__mmask8>((1u << count) - 1);
+    if constexpr (std::is_same_v<S, float>) {
+        return _mm256_maskz_loadu_ps(k, p);
+    } else {
+        return _mm256_cvtph_ps(_mm_maskz_loadu_epi16(k, p));
+    }
+}
+
 /* Four 16-lane sums at once: [sum a, sum b, sum c, sum d]. */
 inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
     auto halves = [](__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); };
@@ -208,15 +274,24 @@ inline __m128 reduce4(__m512 a, __m512 b, __m512 c, __m512 d) {
     return _mm_add_ps(_mm256_castps256_ps128(all), _mm256_extractf128_ps(all, 1));
 }
 
-/* W weight rows (from codes/scales/mins, row_bytes and blocks apart) against R activation rows
-   (r0..): out[w * 4 + r]. A weight group is loaded and split into nibbles once for the R rows, an
-   activation group once for the W rows; a block's minimum term rides in the same lanes as its
-   dot product (each of its 4 lanes adds m * sum / 4), so a row ends in one reduction. */
-template <int BITS, typename S, int W, int R>
+/* W weight rows (from codes/scales/mins, row_bytes and a row's scales apart) against R activation
+   rows (r0..): out[w * 4 + r]. A weight group is loaded and widened once for the R rows, an
+   activation group once for the W rows. The minimum term rides in the same lanes as the dot
+   product: an asymmetric type adds m * sum / 4 in each of a block's 4 lanes; a symmetric one
+   (w = d * (q - zero), no minimums stored) starts each lane's integer dot product at -zero times
+   its activation codes' sum, so the block's integer result is already sum (q - zero) * x. HALF:
+   a scale per 16 columns (Q6_K), the low and high halves' dot products kept apart. */
+template <int BITS, bool HALF, bool SYM, typename S, int W, int R>
 inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
-                     const Quantized& q, int64_t r0, float* out) {
+                     int32_t zero, const Quantized& q, int64_t r0, float* out) {
+    static_assert(!HALF || SYM, "a scale per 16 columns comes with symmetric codes (Q6_K)");
     const __m512i nibble = _mm512_set1_epi8(0x0F);
     const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+    const __m512i spread_low = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
+    const __m512i spread_high = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
+    const __m512i minus_zero = _mm512_set1_epi32(-zero);
+    const int64_t scale_row = HALF ? 2 * blocks : blocks;
+    const int64_t nibble_bytes = blocks * 16;
     __m512 acc[W][R];
     for (int w = 0; w < W; w++)
         for (int r = 0; r < R; r++) acc[w][r] = _mm512_setzero_ps();
@@ -224,39 +299,87 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
         const int64_t count = std::min<int64_t>(GROUP, q.blocks - g * GROUP);
         const __mmask64 mask = count == GROUP ? ~0ULL : (1ULL << (16 * count)) - 1;
         __m512i low[W], high[W];
-        __m512 d[W], m[W];
+        __m512 d[W], dh[W], m[W];
         for (int w = 0; w < W; w++) {
-            if constexpr (BITS == 4) {
-                const __m512i packed = _mm512_maskz_loadu_epi8(mask, codes + w * row_bytes + g * 64);
-                low[w] = _mm512_and_si512(packed, nibble);
-                high[w] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
-            } else {  // a group's low halves, then its high halves (16 bytes a block each)
-                const uint8_t* at = codes + w * row_bytes + g * 128;
+            const uint8_t* row = codes + w * row_bytes;
+            if (r0 == 0) {  // the first activation tile streams the weights: ask for the next rows ahead
+                const char* ahead = reinterpret_cast<const char*>(row + PREFETCH_ROWS * row_bytes + g * BITS * 16);
+                _mm_prefetch(ahead, _MM_HINT_T0);
+                if constexpr (BITS == 8) _mm_prefetch(ahead + 64, _MM_HINT_T0);
+            }
+            if constexpr (BITS == 8) {  // a group's low halves, then its high halves (16 bytes a block each)
+                const uint8_t* at = row + g * 128;
                 low[w] = _mm512_maskz_loadu_epi8(mask, at);
                 high[w] = _mm512_maskz_loadu_epi8(mask, at + 16 * count);
+            } else {
+                const __m512i packed = _mm512_maskz_loadu_epi8(mask, row + g * 64);
+                low[w] = _mm512_and_si512(packed, nibble);
+                high[w] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), nibble);
+                if constexpr (BITS > 4) {  // the planes' bits added where set (the nibbles leave them clear)
+                    const uint8_t* planes = row + nibble_bytes + g * (BITS - 4) * 16;
+                    for (int p = 0; p < BITS - 4; p++) {
+                        uint64_t bits[2];
+                        std::memcpy(bits, planes + 16 * p, 16);
+                        const __m512i bit = _mm512_set1_epi8(static_cast<char>(16 << p));
+                        low[w] = _mm512_mask_add_epi8(low[w], _cvtu64_mask64(bits[0]), low[w], bit);
+                        high[w] = _mm512_mask_add_epi8(high[w], _cvtu64_mask64(bits[1]), high[w], bit);
+                    }
+                }
             }
-            d[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(scales + w * blocks + g * GROUP, count)));
-            m[w] = _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(load4(mins + w * blocks + g * GROUP, count)));
+            if constexpr (HALF) {
+                const __m512 pairs = _mm512_castps256_ps512(load8(scales + w * scale_row + g * 2 * GROUP, 2 * count));
+                d[w] = _mm512_permutexvar_ps(spread_low, pairs);
+                dh[w] = _mm512_permutexvar_ps(spread_high, pairs);
+            } else {
+                d[w] = _mm512_permutexvar_ps(spread,
+                                             _mm512_castps128_ps512(load4(scales + w * scale_row + g * GROUP, count)));
+            }
+            if constexpr (!SYM)
+                m[w] = _mm512_permutexvar_ps(spread,
+                                             _mm512_castps128_ps512(load4(mins + w * blocks + g * GROUP, count)));
         }
         for (int r = 0; r < R; r++) {
             const int64_t at = (r0 + r) * q.groups + g;
             const int8_t* x = q.codes.data() + at * 128;
             const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + 64);
             const __m512 dx = _mm512_loadu_ps(q.lane_scale.data() + at * 16);
-            const __m512 quarter_sum = _mm512_loadu_ps(q.lane_sum.data() + at * 16);
-            for (int w = 0; w < W; w++) {
-                __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[w], xl);
-                dot = _mm512_dpbusd_epi32(dot, high[w], xh);
-                acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[w], dx), acc[w][r]);
-                acc[w][r] = _mm512_fmadd_ps(m[w], quarter_sum, acc[w][r]);
+            if constexpr (HALF) {
+                const __m512i start_low = _mm512_mullo_epi32(_mm512_loadu_si512(q.lane_low.data() + at * 16), minus_zero);
+                const __m512i start_high =
+                    _mm512_mullo_epi32(_mm512_loadu_si512(q.lane_high.data() + at * 16), minus_zero);
+                for (int w = 0; w < W; w++) {
+                    const __m512i dot_low = _mm512_dpbusd_epi32(start_low, low[w], xl);
+                    const __m512i dot_high = _mm512_dpbusd_epi32(start_high, high[w], xh);
+                    acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_low), _mm512_mul_ps(d[w], dx), acc[w][r]);
+                    acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_high), _mm512_mul_ps(dh[w], dx), acc[w][r]);
+                }
+            } else if constexpr (SYM) {
+                const __m512i start = _mm512_mullo_epi32(
+                    _mm512_add_epi32(_mm512_loadu_si512(q.lane_low.data() + at * 16),
+                                     _mm512_loadu_si512(q.lane_high.data() + at * 16)),
+                    minus_zero);
+                for (int w = 0; w < W; w++) {
+                    __m512i dot = _mm512_dpbusd_epi32(start, low[w], xl);
+                    dot = _mm512_dpbusd_epi32(dot, high[w], xh);
+                    acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[w], dx), acc[w][r]);
+                }
+            } else {
+                const __m512 quarter_sum = _mm512_loadu_ps(q.lane_sum.data() + at * 16);
+                for (int w = 0; w < W; w++) {
+                    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), low[w], xl);
+                    dot = _mm512_dpbusd_epi32(dot, high[w], xh);
+                    acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(d[w], dx), acc[w][r]);
+                    acc[w][r] = _mm512_fmadd_ps(m[w], quarter_sum, acc[w][r]);
+                }
             }
         }
     }
-    const __m512 zero = _mm512_setzero_ps();
+    const __m512 zero_lanes = _mm512_setzero_ps();
     for (int r = 0; r < R; r++) {
         float sums[4];
-        _mm_storeu_ps(sums, reduce4(acc[0][r], W > 1 ? acc[W > 1 ? 1 : 0][r] : zero,
-                                    W > 2 ? acc[W > 2 ? 2 : 0][r] : zero, W > 3 ? acc[W > 3 ? 3 : 0][r] : zero));
+        _mm_storeu_ps(sums, reduce4(acc[0][r], W > 1 ? acc[W > 1 ? 1 : 0][r] : zero_lanes,
+                                    W > 2 ? acc[W > 2 ? 2 : 0][r] : zero_lanes,
+                                    W > 3 ? acc[W > 3 ? 3 : 0][r] : zero_lanes));
         for (int w = 0; w < W; w++) out[w * 4 + r] = sums[w];
     }
 }
@@ -347,11 +470,13 @@ inline void rows_dot(const uint8_t* codes, const S* scales, const S* mins, const
 #endif
 
 #if !defined(BLOCK_AVX512_VNNI)
-/* The same tile contract as the AVX-512 path, one weight row at a time (4-bit codes only: AVX2's
-   byte product saturates past 4-bit x 8-bit, so wider codes are refused without VNNI). */
-template <int BITS, typename S, int W, int R>
+/* The same tile contract as the AVX-512 path, one weight row at a time (4-bit codes with minimums
+   only: AVX2's byte product saturates past 4-bit x 8-bit, so wider codes are refused without VNNI,
+   and the caller gives a symmetric type its minimums). */
+template <int BITS, bool HALF, bool SYM, typename S, int W, int R>
 inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64_t row_bytes, int64_t blocks,
-                     const Quantized& q, int64_t r0, float* out) {
+                     int32_t zero, const Quantized& q, int64_t r0, float* out) {
+    static_assert(BITS == 4 && !HALF && !SYM, "without AVX-512 VNNI only 4-bit codes with minimums");
     float dots[R];
     for (int w = 0; w < W; w++) {
         rows_dot<S, R>(codes + w * row_bytes, scales + w * blocks, mins + w * blocks, q, r0, dots);
@@ -360,24 +485,26 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
 }
 #endif
 
-template <int BITS, typename S, int W>
-inline void tile_rows(const uint8_t* c, const S* s, const S* m, int64_t row_bytes, int64_t blocks, const Quantized& q,
-                      int64_t r0, int64_t count, float* dots) {
+template <int BITS, bool HALF, bool SYM, typename S, int W>
+inline void tile_rows(const uint8_t* c, const S* s, const S* m, int64_t row_bytes, int64_t blocks, int32_t zero,
+                      const Quantized& q, int64_t r0, int64_t count, float* dots) {
     switch (count) {
-        case 1: tile_dot<BITS, S, W, 1>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        case 2: tile_dot<BITS, S, W, 2>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        case 3: tile_dot<BITS, S, W, 3>(c, s, m, row_bytes, blocks, q, r0, dots); break;
-        default: tile_dot<BITS, S, W, 4>(c, s, m, row_bytes, blocks, q, r0, dots); break;
+        case 1: tile_dot<BITS, HALF, SYM, S, W, 1>(c, s, m, row_bytes, blocks, zero, q, r0, dots); break;
+        case 2: tile_dot<BITS, HALF, SYM, S, W, 2>(c, s, m, row_bytes, blocks, zero, q, r0, dots); break;
+        case 3: tile_dot<BITS, HALF, SYM, S, W, 3>(c, s, m, row_bytes, blocks, zero, q, r0, dots); break;
+        default: tile_dot<BITS, HALF, SYM, S, W, 4>(c, s, m, row_bytes, blocks, zero, q, r0, dots); break;
     }
 }
 
-template <int BITS, typename S, typename T>
-void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S* mins, int64_t n_rows, T* out) {
-    const int64_t row_bytes = q.blocks * BITS * 4;
+template <int BITS, bool HALF, bool SYM, typename S, typename T>
+void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S* mins, int32_t zero, int64_t n_rows,
+              T* out) {
+    const int64_t row_bytes = row_bytes_of(BITS, q.blocks);
+    const int64_t scale_row = HALF ? 2 * q.blocks : q.blocks;
     // a thread's share is at least ~2048 block products (~10 us): fewer rows are not worth a wake-up
     const int64_t grain = std::max<int64_t>(WEIGHT_TILE, 2048 / std::max<int64_t>(q.blocks * q.rows, 1));
     torch::stable::parallel_for(0, n_rows, grain, [&](int64_t begin, int64_t end) {
-        float dots[4 * ROW_TILE];
+        float dots[16];  // [4 weight rows][4 activation rows] at most
         for (int64_t tile = begin; tile < end; tile += WEIGHT_TILE) {
             const int64_t tile_end = std::min(end, tile + WEIGHT_TILE);
             for (int64_t r0 = 0; r0 < q.rows; r0 += ROW_TILE) {
@@ -385,13 +512,13 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
                 for (int64_t n = tile; n < tile_end; n += 4) {
                     const int64_t weights = std::min<int64_t>(4, tile_end - n);
                     const uint8_t* c = codes + n * row_bytes;
-                    const S* s = scales + n * q.blocks;
-                    const S* m = mins + n * q.blocks;
+                    const S* s = scales + n * scale_row;
+                    const S* m = SYM ? nullptr : mins + n * q.blocks;
                     switch (weights) {
-                        case 1: tile_rows<BITS, S, 1>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        case 2: tile_rows<BITS, S, 2>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        case 3: tile_rows<BITS, S, 3>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
-                        default: tile_rows<BITS, S, 4>(c, s, m, row_bytes, q.blocks, q, r0, count, dots); break;
+                        case 1: tile_rows<BITS, HALF, SYM, S, 1>(c, s, m, row_bytes, q.blocks, zero, q, r0, count, dots); break;
+                        case 2: tile_rows<BITS, HALF, SYM, S, 2>(c, s, m, row_bytes, q.blocks, zero, q, r0, count, dots); break;
+                        case 3: tile_rows<BITS, HALF, SYM, S, 3>(c, s, m, row_bytes, q.blocks, zero, q, r0, count, dots); break;
+                        default: tile_rows<BITS, HALF, SYM, S, 4>(c, s, m, row_bytes, q.blocks, zero, q, r0, count, dots); break;
                     }
                     for (int64_t w = 0; w < weights; w++)
                         for (int64_t r = 0; r < count; r++)
@@ -402,53 +529,79 @@ void multiply(const Quantized& q, const uint8_t* codes, const S* scales, const S
     });
 }
 
-template <int BITS, typename T>
-void dispatch_scales(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, T* out) {
+template <int BITS, bool HALF, bool SYM, typename T>
+void dispatch_scales(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, int32_t zero,
+                     T* out) {
     const uint8_t* c = static_cast<const uint8_t*>(codes.data_ptr());
     if (scales.scalar_type() == ScalarType::Half)
-        multiply<BITS>(q, c, static_cast<const c10::Half*>(scales.data_ptr()),
-                       static_cast<const c10::Half*>(mins.data_ptr()), codes.size(0), out);
+        multiply<BITS, HALF, SYM>(q, c, static_cast<const c10::Half*>(scales.data_ptr()),
+                                  SYM ? nullptr : static_cast<const c10::Half*>(mins.data_ptr()), zero, codes.size(0),
+                                  out);
     else
-        multiply<BITS>(q, c, static_cast<const float*>(scales.data_ptr()), static_cast<const float*>(mins.data_ptr()),
-                       codes.size(0), out);
+        multiply<BITS, HALF, SYM>(q, c, static_cast<const float*>(scales.data_ptr()),
+                                  SYM ? nullptr : static_cast<const float*>(mins.data_ptr()), zero, codes.size(0),
+                                  out);
 }
 
+/* The formats built: every width with minimums or symmetric, and a scale per 16 columns only as
+   Q6_K has it (6-bit, symmetric). */
 template <typename T>
-void dispatch_bits(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
-                   T* out) {
+void dispatch_format(const Quantized& q, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
+                     int64_t zero, int64_t scale_columns, T* out) {
 #if defined(BLOCK_AVX512_VNNI)
-    if (bits == 8) return dispatch_scales<8>(q, codes, scales, mins, out);
+    const int32_t z = static_cast<int32_t>(zero);
+    const bool sym = zero >= 0;
+    if (scale_columns == 16) return dispatch_scales<6, true, true>(q, codes, scales, mins, z, out);
+    switch (bits) {
+        case 4: return sym ? dispatch_scales<4, false, true>(q, codes, scales, mins, z, out)
+                           : dispatch_scales<4, false, false>(q, codes, scales, mins, z, out);
+        case 5: return sym ? dispatch_scales<5, false, true>(q, codes, scales, mins, z, out)
+                           : dispatch_scales<5, false, false>(q, codes, scales, mins, z, out);
+        case 6: return sym ? dispatch_scales<6, false, true>(q, codes, scales, mins, z, out)
+                           : dispatch_scales<6, false, false>(q, codes, scales, mins, z, out);
+        default: return sym ? dispatch_scales<8, false, true>(q, codes, scales, mins, z, out)
+                            : dispatch_scales<8, false, false>(q, codes, scales, mins, z, out);
+    }
+#else
+    dispatch_scales<4, false, false>(q, codes, scales, mins, 0, out);
 #endif
-    dispatch_scales<4>(q, codes, scales, mins, out);
 }
 
-Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits) {
+Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
+                    int64_t zero, int64_t scale_columns) {
     STD_TORCH_CHECK(x.dim() == 2 && x.is_contiguous(),
                     "block linear: x must be a contiguous [rows, in_features] matrix");
     STD_TORCH_CHECK(x.scalar_type() == ScalarType::Float || x.scalar_type() == ScalarType::BFloat16,
                     "block linear: x must be float32 or bfloat16");
     STD_TORCH_CHECK(x.size(1) % BLOCK == 0, "block linear: in_features must be a multiple of 32");
-    STD_TORCH_CHECK(bits == 4 || bits == 8, "block linear: codes are 4 or 8 bits");
+    STD_TORCH_CHECK(bits == 4 || bits == 5 || bits == 6 || bits == 8, "block linear: codes are 4, 5, 6 or 8 bits");
+    STD_TORCH_CHECK(scale_columns == 32 || (scale_columns == 16 && bits == 6 && zero >= 0),
+                    "block linear: a scale per 32 columns, or per 16 for symmetric 6-bit codes");
+    STD_TORCH_CHECK(zero < (1 << bits), "block linear: the zero code must be a code");
 #if !defined(BLOCK_AVX512_VNNI)
-    STD_TORCH_CHECK(bits == 4, "block linear: 8-bit codes need AVX-512 VNNI");
+    STD_TORCH_CHECK(bits == 4 && zero < 0, "block linear: without AVX-512 VNNI only 4-bit codes with minimums");
 #endif
     const int64_t n_rows = codes.size(0), blocks = x.size(1) / BLOCK;
+    const int64_t scale_row = scale_columns == 16 ? 2 * blocks : blocks;
     STD_TORCH_CHECK(codes.scalar_type() == ScalarType::Byte && codes.is_contiguous() && codes.dim() == 2 &&
-                    codes.size(1) == blocks * bits * 4,
-                    "block linear: codes must be contiguous uint8 [out_features, in_features * bits / 8]");
-    STD_TORCH_CHECK(scales.scalar_type() == mins.scalar_type() &&
-                    (scales.scalar_type() == ScalarType::Half || scales.scalar_type() == ScalarType::Float),
-                    "block linear: scales and mins must both be float16 or both float32");
-    STD_TORCH_CHECK(scales.is_contiguous() && mins.is_contiguous() && scales.size(0) == n_rows &&
-                    mins.size(0) == n_rows && scales.size(1) == blocks && mins.size(1) == blocks,
-                    "block linear: scales and mins must be contiguous [out_features, in_features / 32]");
+                    codes.size(1) == row_bytes_of(bits, blocks),
+                    "block linear: codes must be contiguous uint8 [out_features, the format's bytes a row]");
+    STD_TORCH_CHECK(scales.scalar_type() == ScalarType::Half || scales.scalar_type() == ScalarType::Float,
+                    "block linear: scales must be float16 or float32");
+    STD_TORCH_CHECK(scales.is_contiguous() && scales.dim() == 2 && scales.size(0) == n_rows &&
+                    scales.size(1) == scale_row,
+                    "block linear: scales must be contiguous [out_features, in_features / scale_columns]");
+    if (zero < 0)
+        STD_TORCH_CHECK(mins.scalar_type() == scales.scalar_type() && mins.is_contiguous() && mins.dim() == 2 &&
+                        mins.size(0) == n_rows && mins.size(1) == blocks,
+                        "block linear: mins must be contiguous [out_features, in_features / 32] of the scales' dtype");
     Tensor out = empty_rows(x, x.size(0), n_rows);
     if (x.size(0) == 0 || n_rows == 0) return out;
     const Quantized q = quantize(x);
     if (x.scalar_type() == ScalarType::BFloat16)
-        dispatch_bits(q, codes, scales, mins, bits, static_cast<c10::BFloat16*>(out.data_ptr()));
+        dispatch_format(q, codes, scales, mins, bits, zero, scale_columns, static_cast<c10::BFloat16*>(out.data_ptr()));
     else
-        dispatch_bits(q, codes, scales, mins, bits, static_cast<float*>(out.data_ptr()));
+        dispatch_format(q, codes, scales, mins, bits, zero, scale_columns, static_cast<float*>(out.data_ptr()));
     return out;
 }
 
@@ -486,7 +639,7 @@ thread_local LastProduct last;
    when the input differs from the last call's (bytes compared) or the matrix does, else the last
    one is cut; the output is a fresh tensor either way. */
 Tensor block_linear_part(const Tensor& x, const Tensor& codes, const Tensor& scales, const Tensor& mins, int64_t bits,
-                         int64_t start, int64_t end) {
+                         int64_t zero, int64_t scale_columns, int64_t start, int64_t end) {
     STD_TORCH_CHECK(0 <= start && start < end && end <= codes.size(0), "block linear part: rows ", start, "..", end,
                     " outside the matrix's ", codes.size(0));
     STD_TORCH_CHECK(x.is_contiguous(), "block linear part: x must be contiguous");
@@ -498,7 +651,7 @@ Tensor block_linear_part(const Tensor& x, const Tensor& codes, const Tensor& sca
                       last.input.dtype == input.dtype && last.x.size() == bytes &&
                       std::memcmp(last.x.data(), data, bytes) == 0;
     if (!same) {
-        last.out = block_linear(x, codes, scales, mins, bits);
+        last.out = block_linear(x, codes, scales, mins, bits, zero, scale_columns);
         last.matrix = {codes, scales, mins};
         last.codes = Identity(codes);
         last.scales = Identity(scales);
@@ -530,8 +683,9 @@ int64_t block_isa() {
 }  // namespace
 
 STABLE_TORCH_LIBRARY(decoda_blocks, m) {
-    m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits) -> Tensor");
-    m.def("linear_part(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int start, int end) -> Tensor");
+    m.def("linear(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int zero, int scale_columns) -> Tensor");
+    m.def("linear_part(Tensor x, Tensor codes, Tensor scales, Tensor mins, int bits, int zero, int scale_columns, "
+          "int start, int end) -> Tensor");
     m.def("isa() -> int");
 }
 

@@ -6,9 +6,10 @@ holds 5- to 8-bit codes as two 4-bit planes against a doubled input. This matrix
 file's codes with a scale and a minimum per 32 columns and multiplies with integer dot products
 against activations quantized per 32-column block to int8, as llama.cpp multiplies Q4_1 by Q8_1
 (``block_dot.cpp``; ``loadtests/bench_step.py --ab-kernel`` measures it against PyTorch's kernel).
-4-bit codes (Q4_0, Q4_1, Q4_K, ``--quantization int4``) stay two a byte; codes up to 8 bits (Q5_0,
-Q5_1, Q5_K, Q8_0) take a byte each where the CPU has AVX-512 VNNI, and serve an embedding's row
-lookups too (a tied LM head is then one 8-bit copy instead of two planes).
+4-bit codes (Q4_0, Q4_1, Q4_K, ``--quantization int4``) stay two a byte; 5- and 6-bit codes (Q5_0,
+Q5_1, Q5_K, Q6_K with its scale per 16 columns) are those nibbles plus one or two bit planes, and
+Q8_0 a byte each, where the CPU has AVX-512 VNNI; those also serve an embedding's row lookups (a
+tied LM head is then one copy). Symmetric types keep no minimums there (``layout_of``).
 
 The operator is built with the system C++ compiler against the installed torch on first use
 (cached and trusted like the paged-attention kernel, ``decoding.kv.native_kernel``) for this CPU,
@@ -28,6 +29,7 @@ import os
 import threading
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from decoding.kv.native_kernel import build_operators
@@ -57,27 +59,33 @@ class BlockMatrix(MatrixModule):
         if not fits(weight):
             raise ValueError(f"{weight.bits}-bit codes in groups of {weight.group_size} do not fit this kernel here")
         self.out_features, self.in_features = weight.shape
-        self.bits = 4 if weight.bits <= 4 else 8
-        repeat = weight.group_size // BLOCK
-        scale = weight.scale.repeat_interleave(repeat, dim=1)
-        offset = weight.offsets().repeat_interleave(repeat, dim=1)
-        self.keep("codes", pack_nibbles(weight.codes) if self.bits == 4 else interleave_bytes(weight.codes))
-        dtype = torch.float16 if _exact_in_half(scale) and _exact_in_half(offset) else torch.float32
+        self.bits, self.zero, self.scale_columns = layout_of(weight)
+        self.keep("codes", pack_codes(weight.codes, self.bits))
+        if self.scale_columns == BLOCK:
+            scale = weight.scale.repeat_interleave(weight.group_size // BLOCK, dim=1)
+        else:
+            scale = weight.scale
+        offset = None if self.zero >= 0 else weight.offsets().repeat_interleave(weight.group_size // BLOCK, dim=1)
+        exact = _exact_in_half(scale) and (offset is None or _exact_in_half(offset))
+        dtype = torch.float16 if exact else torch.float32
         self.keep("scales", scale.to(dtype).contiguous())
-        self.keep("mins", offset.to(dtype).contiguous())
+        self.keep("mins", torch.empty(0, dtype=dtype) if offset is None else offset.to(dtype).contiguous())
         self._refresh_operands()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
         if torch.compiler.is_compiling():
-            return torch.ops.decoda_blocks.linear(x, self.codes, self.scales, self.mins, self.bits)
+            return torch.ops.decoda_blocks.linear(x, self.codes, self.scales, self.mins, self.bits, self.zero,
+                                                  self.scale_columns)  # fmt: skip
         return _LINEAR[0](x, *self._operands)
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Exact float32 weights of rows ``ids`` (``[len(ids), in_features]``), for a tied embedding:
         ``scale * code + min`` as ``AffineCodes.dequantize`` computes it."""
-        codes = self._codes_of(self.codes[ids]).float()
-        expand = lambda t: t[ids].float().repeat_interleave(BLOCK, dim=1)  # noqa: E731
-        return expand(self.scales) * codes + expand(self.mins)
+        codes = unpack_codes(self.codes[ids], self.bits, self.in_features).float()
+        scale = self.scales[ids].float().repeat_interleave(self.scale_columns, dim=1)
+        if self.zero >= 0:
+            return scale * codes - float(self.zero) * scale
+        return scale * codes + self.mins[ids].float().repeat_interleave(BLOCK, dim=1)
 
     def dequantize(self) -> torch.Tensor:
         """The float32 weights this matrix multiplies by (exactly the codes it was given)."""
@@ -86,18 +94,11 @@ class BlockMatrix(MatrixModule):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.codes, self.scales, self.mins))
 
-    def _codes_of(self, stored: torch.Tensor) -> torch.Tensor:
-        """``[n, K]`` codes in column order from rows of the stored layout."""
-        if self.bits == 8:
-            return deinterleave_bytes(stored)
-        blocks = stored.reshape(len(stored), -1, 16)  # a block's 16 bytes: columns i and i + 16
-        return torch.cat([blocks & 0x0F, blocks >> 4], dim=2).reshape(len(stored), -1)
-
     def _refresh_operands(self) -> None:
         """The operator's arguments as a plain tuple: an eager call skips three nn.Module attribute
         lookups (~0.9 us each, 210 linears a step); a compiled graph reads the buffers (shared graph
         inputs)."""
-        self._operands = (self.codes, self.scales, self.mins, self.bits)
+        self._operands = (self.codes, self.scales, self.mins, self.bits, self.zero, self.scale_columns)
 
     def _apply(self, fn, recurse=True):  # noqa: ANN001, ANN202
         """Keep the eager tuple pointing at the buffers when ``.to()`` replaces them."""
@@ -107,11 +108,75 @@ class BlockMatrix(MatrixModule):
 
 
 def fits(weight: AffineCodes) -> bool:
-    """Codes this machine's kernel multiplies: whole 32-column groups, 4 bits (AVX2 or AVX-512
-    VNNI) or up to 8 (AVX-512 VNNI)."""
-    if weight.group_size % BLOCK or weight.shape[1] % BLOCK or isa() is None:
+    """Codes this machine's kernel multiplies: whole 32-column groups of 4-bit codes (AVX2 or
+    AVX-512 VNNI), up to 8 bits (AVX-512 VNNI), and Q6_K's symmetric 6-bit codes with a scale per
+    16 columns (AVX-512 VNNI)."""
+    if weight.shape[1] % BLOCK or isa() is None or weight.bits > 8:
         return False
-    return weight.bits <= 4 or (weight.bits <= 8 and isa() == AVX512_VNNI)
+    if weight.group_size == BLOCK // 2:
+        return isa() == AVX512_VNNI and weight.zero_code is not None and weight.bits <= 6
+    if weight.group_size % BLOCK:
+        return False
+    return weight.bits <= 4 or isa() == AVX512_VNNI
+
+
+def layout_of(weight: AffineCodes) -> tuple[int, int, int]:
+    """(bits as stored, zero code or -1 for stored minimums, columns a scale covers) for codes that fit.
+
+    Symmetric types (a zero code, no offsets) store no minimums where the kernel has AVX-512 VNNI: it
+    subtracts ``zero`` inside its integer dot product, which saves the minimums' bytes (10.5 MB of
+    Gemma 3's 190 MB head) and a multiply-add a block. AVX2 takes minimums for every type."""
+    bits = 4 if weight.bits <= 4 else 5 if weight.bits == 5 else 6 if weight.bits == 6 else 8
+    symmetric = weight.zero_code is not None and isa() == AVX512_VNNI
+    scale_columns = BLOCK // 2 if weight.group_size == BLOCK // 2 else BLOCK
+    return bits, weight.zero_code if symmetric else -1, scale_columns
+
+
+def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """``[N, K]`` codes → the kernel's layout for ``bits`` (``block_dot.cpp``'s ``row_bytes_of``):
+    nibbles, nibbles and bit planes, or bytes."""
+    if bits == 4:
+        return pack_nibbles(codes)
+    if bits == 8:
+        return interleave_bytes(codes)
+    return torch.cat([pack_nibbles(codes & 0x0F), pack_planes(codes, bits)], dim=1).contiguous()
+
+
+def unpack_codes(stored: torch.Tensor, bits: int, width: int) -> torch.Tensor:
+    """The inverse of ``pack_codes``: ``[n, K]`` codes in column order."""
+    if bits == 8:
+        return deinterleave_bytes(stored)
+    nibbles = stored[:, : width // 2].reshape(len(stored), -1, 16)  # a block's 16 bytes: columns i and i + 16
+    codes = torch.cat([nibbles & 0x0F, nibbles >> 4], dim=2).reshape(len(stored), -1)
+    return codes if bits == 4 else codes | unpack_planes(stored[:, width // 2 :], bits, width)
+
+
+def pack_planes(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Bits 4.. of ``[N, K]`` codes as the kernel's planes: per group of 4 blocks and per plane, 64 bits
+    for the low halves (bit ``16 j + i``: column ``i`` of block ``j``) then 64 for the high halves
+    (column ``16 + i``), little-endian; a last group of fewer blocks is padded with zeros."""
+    rows, width = codes.shape
+    groups = -(-width // (GROUP * BLOCK))
+    padded = torch.zeros(rows, groups * GROUP * BLOCK, dtype=torch.uint8)
+    padded[:, :width] = codes.to(torch.uint8)
+    halves = padded.reshape(rows, groups, GROUP, 2, 16).transpose(2, 3)  # [rows, groups, half, block, column]
+    planes = []
+    for plane in range(bits - 4):
+        bit = ((halves >> (4 + plane)) & 1).reshape(rows, groups, 2, 64).numpy()
+        planes.append(torch.from_numpy(np.packbits(bit, axis=-1, bitorder="little")))  # [rows, groups, 2, 8]
+    return torch.stack(planes, dim=2).reshape(rows, -1).contiguous()  # [rows, groups * planes * 16]
+
+
+def unpack_planes(stored: torch.Tensor, bits: int, width: int) -> torch.Tensor:
+    """Bits 4.. of each code, in column order, from ``pack_planes``' layout."""
+    rows = stored.shape[0]
+    groups = -(-width // (GROUP * BLOCK))
+    packed = stored.reshape(rows, groups, bits - 4, 2, 8).numpy()
+    bits_ = np.unpackbits(packed, axis=-1, bitorder="little")  # [rows, groups, planes, half, 64]
+    weights = (1 << (4 + np.arange(bits - 4, dtype=np.uint8)))[None, None, :, None, None]
+    high = (bits_ * weights).sum(axis=2).astype(np.uint8)  # [rows, groups, half, 64]
+    columns = high.reshape(rows, groups, 2, GROUP, 16).transpose(0, 1, 3, 2, 4).reshape(rows, -1)
+    return torch.from_numpy(np.ascontiguousarray(columns[:, :width]))
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
@@ -180,9 +245,9 @@ def _register_fakes() -> None:
     _LINEAR.append(torch.ops.decoda_blocks.linear.default)
 
 
-def _linear_shape(x, codes, scales, mins, bits):  # noqa: ANN001, ANN202
+def _linear_shape(x, codes, scales, mins, bits, zero, scale_columns):  # noqa: ANN001, ANN202
     return x.new_empty((x.shape[0], codes.shape[0]))
 
 
-def _part_shape(x, codes, scales, mins, bits, start, end):  # noqa: ANN001, ANN202
+def _part_shape(x, codes, scales, mins, bits, zero, scale_columns, start, end):  # noqa: ANN001, ANN202
     return x.new_empty((x.shape[0], end - start))

@@ -22,7 +22,7 @@ import logging
 import torch
 from torch import nn
 
-from decoding.model.quantization.block_matrix import BLOCK, BlockMatrix
+from decoding.model.quantization.block_matrix import BlockMatrix
 from decoding.model.quantization.matrix_base import MatrixModule
 from decoding.model.quantization.modules import QuantizedLinear
 
@@ -35,19 +35,20 @@ class BlockMatrixPart(BlockMatrix):
     """Rows ``start..end`` of a stacked block matrix: ``matmul(x)`` is ``x`` times those rows, cut from
     the stacked product when the previous call multiplied the same input."""
 
-    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, bits: int,
-                 start: int, end: int) -> None:  # fmt: skip
+    def __init__(self, codes: torch.Tensor, scales: torch.Tensor, mins: torch.Tensor, layout: tuple[int, int, int],
+                 in_features: int, start: int, end: int) -> None:  # fmt: skip
         MatrixModule.__init__(self)  # the stacked matrix is built already: BlockMatrix's own __init__ packs codes
         self.keep("codes", codes)  # the stacked matrix's tensors, shared by its parts
         self.keep("scales", scales)
         self.keep("mins", mins)
-        self.bits, self.start, self.end = bits, start, end
-        self.out_features, self.in_features = end - start, scales.shape[1] * BLOCK
+        self.bits, self.zero, self.scale_columns = layout
+        self.start, self.end = start, end
+        self.out_features, self.in_features = end - start, in_features
         self._refresh_operands()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.ops.decoda_blocks.linear_part(x, self.codes, self.scales, self.mins, self.bits, self.start,
-                                                   self.end)  # fmt: skip
+        return torch.ops.decoda_blocks.linear_part(x, self.codes, self.scales, self.mins, self.bits, self.zero,
+                                                   self.scale_columns, self.start, self.end)  # fmt: skip
 
     def nbytes(self) -> int:
         share = (self.end - self.start) / self.codes.shape[0]
@@ -59,14 +60,21 @@ class BlockMatrixPart(BlockMatrix):
 
 
 def fuse_sibling_products(model: nn.Module) -> int:
-    """Stack each group of sibling block-matrix linears into one matrix; returns how many groups."""
+    """Stack each run of sibling block-matrix linears of one layout into one matrix (Gemma 3's
+    Q5_0 query and key with its Q8_0 value: the query and key); returns how many stacks."""
     fused = 0
     for module in list(model.modules()):  # the loop swaps matrices below these modules
         for names in SIBLINGS:
             linears = [getattr(module, name, None) for name in names]
-            if all(_fusable(linear, linears[0]) for linear in linears):
-                _stack(linears)  # type: ignore[arg-type]
-                fused += 1
+            run: list = []
+            for linear in [*linears, None]:
+                if run and _fusable(linear, run[0]):
+                    run.append(linear)
+                    continue
+                if len(run) > 1:
+                    _stack(run)
+                    fused += 1
+                run = [linear] if _fusable(linear, linear) else []
     if fused:
         logger.info("block kernel: %d groups of sibling linears read as one matrix each", fused)
     return fused
@@ -76,7 +84,8 @@ def _fusable(linear: object, first: object) -> bool:
     if not (isinstance(linear, QuantizedLinear) and type(linear.matrix) is BlockMatrix):
         return False
     a, b = linear.matrix, first.matrix  # type: ignore[union-attr]
-    return a.in_features == b.in_features and a.bits == b.bits and a.codes.device == b.codes.device
+    same_layout = (a.bits, a.zero, a.scale_columns) == (b.bits, b.zero, b.scale_columns)
+    return a.in_features == b.in_features and same_layout and a.codes.device == b.codes.device
 
 
 def _stack(linears: list[QuantizedLinear]) -> None:
@@ -89,6 +98,7 @@ def _stack(linears: list[QuantizedLinear]) -> None:
     start = 0
     for linear, matrix in zip(linears, matrices, strict=True):
         end = start + matrix.out_features
-        linear.matrix = BlockMatrixPart(codes, scales, mins, matrix.bits, start, end)
+        layout = (matrix.bits, matrix.zero, matrix.scale_columns)
+        linear.matrix = BlockMatrixPart(codes, scales, mins, layout, matrix.in_features, start, end)
         start = end
 
