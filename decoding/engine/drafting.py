@@ -18,6 +18,7 @@ import torch
 from decoding.kv.pool import KVPool
 from decoding.model.runner import ModelRunner, RowInput
 from decoding.sampling.batch import SamplingBatch
+from decoding.sampling.fast_argmax import argmax_rows
 from decoding.strategies.base import DraftJob
 from decoding.strategies.speculative import EARLY_EXIT, PROMPT_LOOKUP, Speculation, propose_prompt_lookup
 from decoding.strategies.universal import AssistantText, common_prefix_length, target_drafts
@@ -170,7 +171,7 @@ class Drafter:
                 if sample_drafts and job.row.sampling.params.do_sample:
                     token = self._sample_draft(job, logits[j][-1])
                 else:
-                    token = int(logits[j][-1].argmax())
+                    token = int(argmax_rows(logits[j][-1:])[0])
                 drafted[i].append(token)
                 cached[i] = inputs[i].start + len(inputs[i].token_ids)
                 # HF's ConfidenceCriteria: the doubtful draft is kept, drafting stops after it

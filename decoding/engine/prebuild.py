@@ -53,8 +53,9 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
     if not on_cpu:
         return lambda: None
     from decoding.kv import paged_attention
+    from decoding.sampling import fast_argmax
 
-    operators: list[Callable[[], object]] = [paged_attention.native_available]
+    operators: list[Callable[[], object]] = [paged_attention.native_available, fast_argmax.available]
     if config.quantization in BLOCK_KERNEL_MODES:
         from decoding.model.quantization import block_matrix
 

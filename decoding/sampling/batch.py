@@ -20,8 +20,10 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.sampling.fast_argmax import argmax_rows
 from decoding.sampling.grammar import apply_grammar_masks
 from decoding.sampling.length_rules import LengthKnobs
+from decoding.sampling.nucleus import top_p
 from decoding.sampling.row_state import RowSamplingState
 from decoding.sampling.watermark import WatermarkProcessor
 
@@ -158,7 +160,7 @@ class SamplingBatch:
         for knob, op in (
             (self.temperature, _temperature),
             (self.top_k, _top_k),
-            (self.top_p, _top_p),
+            (self.top_p, top_p),
             (self.min_p, _min_p),
             (self.typical_p, _typical_p),
             (self.epsilon, _epsilon),
@@ -203,8 +205,8 @@ class SamplingBatch:
         tokens = [0] * len(self.rows)
         if self.greedy_rows:
             if len(self.greedy_rows) == len(self.rows):
-                return scores.argmax(dim=-1).tolist()
-            picked = scores[self.greedy_rows].argmax(dim=-1).tolist()
+                return argmax_rows(scores).tolist()
+            picked = argmax_rows(scores[self.greedy_rows]).tolist()
             for i, token in zip(self.greedy_rows, picked, strict=True):
                 tokens[i] = token
         if self.sample_rows:
@@ -239,16 +241,6 @@ def _top_k(scores: torch.Tensor, top_k: torch.Tensor, keep: int = 1) -> torch.Te
     largest = torch.topk(scores, int(k.max()), dim=-1).values  # sorted; far cheaper than a full sort
     kth = largest.gather(-1, k - 1)
     return scores.masked_fill(scores < kth, NEG_INF)
-
-
-def _top_p(scores: torch.Tensor, tail_mass: torch.Tensor, keep: int = 1) -> torch.Tensor:
-    # TopPLogitsWarper: drop the low tail whose cumulative probability is <= 1 - top_p (= tail_mass)
-    sorted_logits, sorted_indices = torch.sort(scores, descending=False)
-    cumulative = sorted_logits.softmax(dim=-1).cumsum(dim=-1)
-    remove = cumulative <= tail_mass
-    remove[..., -keep:] = False
-    remove = remove.scatter(1, sorted_indices, remove)
-    return scores.masked_fill(remove, NEG_INF)
 
 
 def _min_p(scores: torch.Tensor, min_p: torch.Tensor, keep: int = 1) -> torch.Tensor:
