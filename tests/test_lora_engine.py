@@ -18,6 +18,7 @@ from decoding.engine.limits import EngineLimits
 from decoding.engine.lora import LoraLimits
 from decoding.model.lora import LoraInUse, LoraRefused
 from decoding.model.lora.product import (
+    add_padded,
     add_single,
     add_stacked,
     add_stacked_onednn,
@@ -287,11 +288,61 @@ def test_the_product_phrasings_agree():
     mask[torch.arange(tokens), index, 0] = scale[index]
     a_cat = a.permute(1, 0, 2).reshape(width, slots * rank)
     b_cat = b.reshape(slots * rank, out)
-    zero = torch.zeros(tokens, out)
-    torch.testing.assert_close(add_stacked(zero, x, a_cat, b_cat, mask, rank), expected)
+    zero = lambda: torch.zeros(tokens, out)  # noqa: E731  (each product adds into its output in place)
+    torch.testing.assert_close(add_stacked(zero(), x, a_cat, b_cat, mask, rank), expected)
     torch.testing.assert_close(gathered_delta(x, a, b, scale, index), expected)
     torch.testing.assert_close(grouped_delta(x, a, b, scale, index, [1, 2, 3, 4]), expected)
-    torch.testing.assert_close(add_single(zero, x, a[2], b[2], 0.5), x @ a[2] @ b[2] * 0.5)
+    torch.testing.assert_close(add_single(zero(), x, a[2], b[2], 0.5), x @ a[2] @ b[2] * 0.5)
+    # padded: adapters 1..4 in rows of 2 (token 5 is the base's: in no row), padding zeroed by the mask
+    gather = torch.tensor([1, 3, 2, 8, 6, 7, 4, 0])
+    padded_mask = torch.tensor([2.0, 2.0, 0.5, 0.5, 1.0, 1.0, 3.0, 0.0]).view(4, 2, 1)
+    rows = torch.tensor([0, 1, 2, 3, 4, 5, 6])
+    padded = add_padded(zero(), x, a[1:], b[1:], gather, padded_mask, rows, gather[:7])
+    torch.testing.assert_close(padded, expected)
     if uses_onednn(x.device, x.dtype):
-        onednn = add_stacked_onednn(zero, x, pack_onednn(a_cat.t()), pack_onednn(b_cat.t()), mask, rank)
+        onednn = add_stacked_onednn(zero(), x, pack_onednn(a_cat.t()), pack_onednn(b_cat.t()), mask, rank)
         torch.testing.assert_close(onednn, expected)
+
+
+@pytest.mark.parametrize(
+    "pattern, path",
+    [
+        ("a" * 3, "single"),
+        ("a" * 70, "single"),  # a long prompt chunk on one adapter: still two products, no mask
+        ("b" * 3, "single"),  # b leaves the MLP alone: those linears are their base's
+        ("a-b" * 5, "stacked"),
+        ("ab" * 8, "stacked"),  # a decode step of 16 rows
+        ("abcd" * 16 + "-" * 8, "padded"),  # a long step spread evenly
+        ("a" * 66 + "bc", "stacked"),  # long, but one adapter holds most of it: padding would waste
+        ("-" * 4 + "cd" * 40, "padded"),  # the adapters' range is the slots the step uses
+    ],
+)
+@pytest.mark.parametrize("onednn", [False, True], ids=["mm", "onednn"])
+def test_each_step_adds_each_tokens_own_peft_delta(base, adapters, smollm2_tokenizer, pattern, path, onednn):
+    """Every projection of every step shape (one adapter, mixed, long and even) is its base plus PEFT's
+    delta for each token's adapter, none for the base's tokens; the product the step takes is the one named."""
+    folders = {name: folder for name, (folder, _) in adapters.items()}
+    harness = LoraHarness(base, smollm2_tokenizer, folders)
+    bank, residency = harness.engine.loras.bank, harness.engine.loras.residency
+    if onednn and not uses_onednn(bank.device, bank.dtype):
+        pytest.skip("no oneDNN here")
+    bank.use_onednn(onednn)
+    slots = {name: residency.acquire(name) for name in "abcd"}
+    token_slots = [0 if c == "-" else slots[c] for c in pattern]
+    step = bank.step_for(token_slots)
+    taken = "single" if step.single else "padded" if step.padded is not None else "stacked"
+    assert taken == (path if not onednn or path == "single" else "stacked")
+    generator = torch.Generator().manual_seed(len(pattern))
+    for name, linear in bank.linears.items():
+        x = torch.randn(len(token_slots), linear.in_features, generator=generator)
+        with torch.inference_mode(), bank.active(step):
+            ours = linear(x)
+        with torch.inference_mode():
+            expected = linear.base(x)
+            for adapter, (_, peft_model) in adapters.items():
+                layer = peft_model.get_submodule(f"base_model.model.{name}")
+                if hasattr(layer, "lora_A"):
+                    a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+                    on = torch.tensor(token_slots) == slots[adapter]
+                    expected = expected + x @ a.T @ b.T * layer.scaling["default"] * on[:, None]
+        torch.testing.assert_close(ours, expected, rtol=1e-5, atol=1e-5)

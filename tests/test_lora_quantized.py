@@ -67,9 +67,9 @@ def test_each_linear_is_the_quantized_base_plus_peft_float_delta(quantized, smol
     slot = residency.acquire("real")
     generator = torch.Generator().manual_seed(0)
     checked = 0
-    # 3 tokens on the adapter (one adapter's product), 20 (oneDNN's stacked one on a CPU), the adapter and the
-    # base alternating (the masked stacked product)
-    for token_slots in ([slot] * 3, [slot] * 20, [slot, 0] * 5):
+    # 3 and 20 tokens on the adapter (one adapter's product), the adapter and the base alternating (the masked
+    # stacked product), a long step half on the adapter (the padded product)
+    for token_slots in ([slot] * 3, [slot] * 20, [slot, 0] * 5, [0] * 36 + [slot] * 34):
         for name, linear in bank.linears.items():
             assert isinstance(linear.base, QuantizedLinear)
             x = torch.randn(len(token_slots), linear.in_features, generator=generator)
@@ -84,7 +84,7 @@ def test_each_linear_is_the_quantized_base_plus_peft_float_delta(quantized, smol
             assert not torch.allclose(ours[on_adapter], base[on_adapter])  # the delta is really there
             checked += 1
     residency.release(slot)
-    assert checked == 3 * 14
+    assert checked == 4 * 14
 
 
 def test_a_zero_adapter_gives_the_quantized_base_tokens(quantized, smollm2_tokenizer):

@@ -1,14 +1,18 @@
 """The resident adapters' matrices, stacked per wrapped linear, and the step that reads them.
 
-Each wrapped linear (``LoraLinear``) keeps, for ``--max-loras`` adapters plus the zero adapter at
-index 0, every ``A`` side by side (``a_cat`` ``[in, slots * r]``) and every ``B`` stacked (``b_cat``
-``[slots * r, out]``), ``r`` being ``--max-lora-rank`` (an adapter of a lower rank fills its first
-columns, the rest stay zero). The runner opens a step with each packed token's adapter index
-(``LoraBank.step``): the wrapped linears then add ``product.add_stacked`` (tokens of several adapters,
-or of adapters and the base) or ``product.add_single`` (every token on one adapter) to the base
-linear's output, which they never replace: a oneDNN-packed, quantized or plain linear computes
-exactly what it computes without adapters. Outside a step, or in a step where no token has an
-adapter, a wrapped linear is its base linear.
+Each wrapped linear (``LoraLinear``) keeps, for the ``--max-loras`` slots 1.. (slot 0, the zero
+adapter of tokens without one, is in no matrix: nothing to multiply), every ``A`` side by side
+(``a_cat`` ``[in, max_loras * r]``) and every ``B`` stacked (``b_cat`` ``[max_loras * r, out]``), ``r``
+being ``--max-lora-rank`` (an adapter of a lower rank fills its first columns, the rest stay zero).
+The runner opens a step with each packed token's adapter index (``LoraBank.step_for``): the wrapped
+linears then add ``product.add_single`` (every token on one adapter), ``product.add_stacked`` (tokens
+of several adapters, or of adapters and the base, over the slots the step uses) or
+``product.add_padded`` (a long step whose adapters share its tokens evenly) to the base linear's
+output, in place: a oneDNN-packed, quantized or plain linear computes exactly what it computes
+without adapters, into a tensor of its own (each of them returns a fresh one; the block kernel's
+sibling parts copy their rows out of the shared product). Outside a step, in a step where no token
+has an adapter, or in a one-adapter step on a linear that adapter does not target, a wrapped linear
+is its base linear.
 
 The step lives on the bank, which every wrapped linear holds, the way attention reads the runner's
 ``StepLayout``: one object per engine, set for one forward by the runner and cleared after it.
@@ -25,22 +29,34 @@ from torch import nn
 
 from decoding.model.anatomy import decoder_layers
 from decoding.model.lora.adapter import LoraWeights
-from decoding.model.lora.product import add_single, add_stacked, add_stacked_onednn, pack_onednn, uses_onednn
+from decoding.model.lora.product import (
+    add_padded,
+    add_single,
+    add_stacked,
+    add_stacked_onednn,
+    pack_onednn,
+    uses_onednn,
+)
 
-# one adapter's product by torch.mm up to this many tokens (a decode step): ~5 us a linear at one token,
-# where oneDNN's call costs ~20 us; beyond it (mixed adapters, prompt chunks) oneDNN (product.uses_onednn)
-SINGLE_MM_TOKENS = 16
+# a mixed step of at least this many tokens takes the padded product when its adapters' shares are even
+# enough (padded, at most half the stacked rows): measured in product.py, below it the gather and the
+# scatter cost more than the stacked product's extra columns
+GROUPED_TOKENS = 64
 TARGET_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
 @dataclass(frozen=True)
 class LoraStep:
-    """One forward's adapters: a ``[T, slots, 1]`` mask (each token's scale in its adapter's slot), or
-    when every token uses one adapter, that adapter's slot, rank and scale."""
+    """One forward's adapters. Every token on one adapter: its slot and scale (``single``). Else the
+    adapters ``first..last-1`` of the stack (slot ``s`` is stack index ``s - 1``) and the ``mask``: the
+    stacked product's ``[T, n, 1]`` (each token's scale in its adapter's column), or with ``padded``
+    (``gather``, ``rows``, ``tokens`` of ``product.add_padded``) the padded groups' ``[n, m, 1]``."""
 
     num_tokens: int
-    mask: torch.Tensor | None
-    single: tuple[int, int, float] | None  # (slot, rank, scaling)
+    single: tuple[int, float] | None = None  # (slot, scaling)
+    adapters: tuple[int, int] = (0, 0)  # first, last (exclusive) stack index
+    mask: torch.Tensor | None = None
+    padded: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
 
 class LoraLinear(nn.Module):
@@ -51,10 +67,14 @@ class LoraLinear(nn.Module):
         self.base = base
         self.bank = bank
         self.in_features, self.out_features = in_features, out_features
-        slots, rank = bank.num_slots, bank.max_rank
+        adapters, rank = bank.num_slots - 1, bank.max_rank
         dtype, device = bank.dtype, bank.device
-        self.a_cat = torch.zeros(in_features, slots * rank, dtype=dtype, device=device)  # [in, slots * r]
-        self.b_cat = torch.zeros(slots * rank, out_features, dtype=dtype, device=device)  # [slots * r, out]
+        self.a_cat = torch.zeros(in_features, adapters * rank, dtype=dtype, device=device)  # [in, n * r]
+        self.b_cat = torch.zeros(adapters * rank, out_features, dtype=dtype, device=device)  # [n * r, out]
+        self.a_stack = self.a_cat.view(in_features, adapters, rank).permute(1, 0, 2)  # [n, in, r], a view
+        self.b_stack = self.b_cat.view(adapters, rank, out_features)  # [n, r, out], a view
+        # per slot, its adapter's (A [in, rank], B [rank, out]) views, None where it does not target this linear
+        self.singles: list[tuple[torch.Tensor, torch.Tensor] | None] = [None] * bank.num_slots
         self.packed: tuple[torch.Tensor, torch.Tensor] | None = None  # oneDNN copies of A^T and B^T (CPU)
         self._pack()
 
@@ -63,32 +83,46 @@ class LoraLinear(nn.Module):
         step = self.bank.current
         if step is None:
             return out
-        flat = hidden.reshape(-1, self.in_features)
-        if flat.shape[0] != step.num_tokens:
-            raise RuntimeError(f"LoRA step has {step.num_tokens} tokens, the linear got {flat.shape[0]}")
-        base = out.reshape(-1, self.out_features)
-        r = self.bank.max_rank
+        x = hidden.reshape(-1, self.in_features)
+        if x.shape[0] != step.num_tokens:
+            raise RuntimeError(f"LoRA step has {step.num_tokens} tokens, the linear got {x.shape[0]}")
+        single = None
         if step.single is not None:
-            slot, rank, scaling = step.single
-            a = self.a_cat[:, slot * r : slot * r + rank]
-            b = self.b_cat[slot * r : slot * r + rank]
-            summed = add_single(base, flat.to(a.dtype), a, b, scaling)
-        elif self.packed is not None:  # oneDNN, as the base linears (product.uses_onednn)
-            summed = add_stacked_onednn(base, flat.to(self.a_cat.dtype), *self.packed, step.mask, r)
+            single = self.singles[step.single[0]]
+            if single is None:  # the adapter leaves this linear alone
+                return out
+        dtype = self.a_cat.dtype
+        summed = out.reshape(-1, self.out_features)  # the base's own tensor: the delta goes in in place
+        summed = summed if summed.dtype == dtype else summed.to(dtype)
+        x = x if x.dtype == dtype else x.to(dtype)
+        r = self.bank.max_rank
+        if single is not None:
+            add_single(summed, x, *single, step.single[1])
+        elif step.padded is not None:
+            first, last = step.adapters
+            add_padded(summed, x, self.a_stack[first:last], self.b_stack[first:last], step.padded[0], step.mask,
+                       *step.padded[1:])  # fmt: skip
+        elif self.packed is not None:  # oneDNN, on request (LoraBank.use_onednn): every adapter
+            add_stacked_onednn(summed, x, *self.packed, step.mask, r)
         else:
-            summed = add_stacked(base, flat.to(self.a_cat.dtype), self.a_cat, self.b_cat, step.mask, r)
+            first, last = step.adapters
+            add_stacked(summed, x, self.a_cat[:, first * r : last * r], self.b_cat[first * r : last * r], step.mask, r)
         return summed.to(out.dtype).reshape(out.shape)
 
     def write(self, slot: int, matrices: tuple[torch.Tensor, torch.Tensor] | None) -> None:
-        """Put one adapter's ``(A [in, rank], B [rank, out])`` into ``slot`` (None: zeros)."""
-        r = self.bank.max_rank
-        self.a_cat[:, slot * r : (slot + 1) * r].zero_()
-        self.b_cat[slot * r : (slot + 1) * r].zero_()
+        """Put one adapter's ``(A [in, rank], B [rank, out])`` into ``slot`` (1.., None: zeros)."""
+        if not 1 <= slot < self.bank.num_slots:
+            raise ValueError(f"LoRA slot {slot} is not one of 1..{self.bank.num_slots - 1}")
+        r, start = self.bank.max_rank, (slot - 1) * self.bank.max_rank
+        self.a_cat[:, start : start + r].zero_()
+        self.b_cat[start : start + r].zero_()
+        self.singles[slot] = None
         if matrices is not None:
             a, b = matrices
             rank = a.shape[1]
-            self.a_cat[:, slot * r : slot * r + rank].copy_(a)
-            self.b_cat[slot * r : slot * r + rank].copy_(b)
+            self.a_cat[:, start : start + rank].copy_(a)
+            self.b_cat[start : start + rank].copy_(b)
+            self.singles[slot] = (self.a_cat[:, start : start + rank], self.b_cat[start : start + rank])
         self._pack()
 
     def _pack(self) -> None:
@@ -110,14 +144,15 @@ class LoraBank:
         first = next(model.parameters())
         self.device = first.device
         self.dtype = first.dtype if first.dtype.is_floating_point else torch.float32
-        self.onednn = uses_onednn(self.device, self.dtype)
+        self.onednn = False  # torch.mm (product.py's measurements); use_onednn turns oneDNN on
         self.scalings = [0.0] * self.num_slots
         self.ranks = [0] * self.num_slots
         self.current: LoraStep | None = None
         self.linears: dict[str, LoraLinear] = _wrap(model, self)
 
     def use_onednn(self, on: bool) -> None:
-        """Run the products through oneDNN (``on``) or ``torch.mm`` (the bench compares the two)."""
+        """Run the mixed steps' stacked product through oneDNN (``on``, where it can:
+        ``product.uses_onednn``) or ``torch.mm`` (the default; the bench compares the two)."""
         self.onednn = on and uses_onednn(self.device, self.dtype)
         for linear in self.linears.values():
             linear.packed = None
@@ -137,17 +172,41 @@ class LoraBank:
 
     def step_for(self, token_slots: list[int]) -> LoraStep | None:
         """The step of tokens whose adapters are ``token_slots`` (packed order); None when none has one."""
-        used = set(token_slots)
-        if used == {0}:
+        used = set(token_slots) - {0}
+        if not used:
             return None
-        if len(used) == 1 and (not self.onednn or len(token_slots) <= SINGLE_MM_TOKENS):
+        tokens = len(token_slots)
+        if len(used) == 1 and 0 not in token_slots:
             (slot,) = used
-            return LoraStep(len(token_slots), None, (slot, self.ranks[slot], self.scalings[slot]))
-        index = torch.tensor(token_slots, dtype=torch.long, device=self.device)
-        scale = torch.tensor(self.scalings, dtype=self.dtype, device=self.device)  # [slots]
-        mask = torch.zeros(len(token_slots), self.num_slots, 1, dtype=self.dtype, device=self.device)
-        mask[torch.arange(len(token_slots), device=self.device), index, 0] = scale[index]
-        return LoraStep(len(token_slots), mask, None)
+            return LoraStep(tokens, single=(slot, self.scalings[slot]))
+        first, last = (0, self.num_slots - 1) if self.onednn else (min(used) - 1, max(used))
+        groups: dict[int, list[int]] = {slot: [] for slot in range(first + 1, last + 1)}
+        for token, slot in enumerate(token_slots):
+            if slot:
+                groups[slot].append(token)
+        width = max(len(group) for group in groups.values())
+        if not self.onednn and tokens >= GROUPED_TOKENS and 2 * width <= tokens:
+            return self._padded_step(tokens, first, last, groups, width)
+        scales = [0.0] * (tokens * (last - first))
+        for token, slot in enumerate(token_slots):
+            if slot:
+                scales[token * (last - first) + slot - 1 - first] = self.scalings[slot]
+        mask = torch.tensor(scales, dtype=self.dtype, device=self.device).view(tokens, last - first, 1)
+        return LoraStep(tokens, adapters=(first, last), mask=mask)
+
+    def _padded_step(self, tokens: int, first: int, last: int, groups: dict[int, list[int]], width: int) -> LoraStep:
+        """``product.add_padded``'s operands: each adapter's tokens in a row of ``width``, padded."""
+        gather, scales, rows, owners = [], [], [], []
+        for group, slot in enumerate(range(first + 1, last + 1)):
+            members = groups[slot]
+            gather += members + [0] * (width - len(members))
+            scales += [self.scalings[slot]] * len(members) + [0.0] * (width - len(members))
+            rows += range(group * width, group * width + len(members))
+            owners += members
+        as_index = lambda values: torch.tensor(values, dtype=torch.long, device=self.device)  # noqa: E731
+        mask = torch.tensor(scales, dtype=self.dtype, device=self.device).view(last - first, width, 1)
+        return LoraStep(tokens, adapters=(first, last), mask=mask, padded=(as_index(gather), as_index(rows),
+                                                                            as_index(owners)))  # fmt: skip
 
     @contextmanager
     def active(self, step: LoraStep | None) -> Iterator[None]:

@@ -1,34 +1,42 @@
 """The batched low-rank product: each packed token's ``x @ A[i] @ B[i] * scale[i]`` for its adapter ``i``.
 
 A step packs the tokens of every row into one sequence; rows may use different adapters (or none:
-index 0, the zero adapter). The base linear runs once for the whole sequence; this adds each token's
-LoRA delta. Three phrasings of the same sum were measured (``python -m loadtests.bench_lora_product``,
-SmolLM2-135M's seven projections x 30 layers, 4 resident adapters of rank 16, float32, 2 threads):
+the base). The base linear runs once for the whole sequence; this adds each token's LoRA delta into
+its output, in place (the base output is a fresh tensor of the wrapped linear's own: ``bank``).
+Phrasings of the same sum measured (``python -m loadtests.bench_lora_product``, SmolLM2-135M's seven
+projections x 30 layers, 4 resident adapters of rank 16, float32):
 
 * ``gathered`` (BGMV as in Punica/vLLM): ``bmm(x[:, None], A[idx]) @ B[idx]``: one gather of each
-  token's matrices and two batched products;
-* ``grouped``: one ``index_select`` / ``mm`` / ``index_add_`` per adapter present in the step (a loop
-  over adapters, never over rows);
-* ``stacked``: one product with every resident adapter's ``A`` side by side (``[in, slots*r]``), the
-  columns of other adapters zeroed by a one-hot mask that also carries the scale, and one product
-  with the ``B``s stacked (``[slots*r, out]``): two dense matmuls, no gather, no Python loop.
+  token's matrices and two batched products; copies ``[T, in, r]``: loses from 16 tokens on;
+* ``grouped`` as a loop: one ``index_select`` / ``mm`` / ``index_add_`` per adapter present;
+* ``stacked``: one product with the resident adapters' ``A`` side by side (``[in, n*r]``), the columns
+  of other adapters zeroed by a one-hot mask that also carries the scale, and one product with the
+  ``B``s stacked (``[n*r, out]``): two dense matmuls, no gather, no Python loop; it computes every
+  token against every adapter in the step's range (``n`` of them);
+* ``padded``: the tokens gathered by adapter into ``[n, m, in]`` (``m`` the most tokens one adapter
+  has, shorter groups padded with rows the mask zeroes), two ``bmm`` and one ``index_add_``: each
+  token against its own adapter only, at the price of a gather and a scatter.
 
-Best ms for one step's 210 deltas (4 adapters + base, rank 16, float32, 2 threads, a shared 2-core
-machine whose neighbours make single figures swing by 2x; the order held in every run):
+Best ms for one step's 210 deltas, without the zero adapter in the stack (a shared 2-core machine,
+its neighbours stopped while timing; 1 thread / 2 threads):
 
-    tokens   base linears   stacked   gathered   grouped   one adapter
-    1            74           23         15         24         12
-    4            96           25         15         64          3
-    16          130           36         55         78         10
-    64          590           88        180        414         60
-    256        1994          462       9784       1628        129
+    tokens                     stacked       padded
+    16, spread over 4          13.1 / 10.0   13.8 / 12.8
+    64, spread over 4          21.9 / 17.9   20.0 / 16.5
+    320, 4 runs of 80          96.0 / 64.5   65.7 / 43.0
+    21, one adapter + 1 base   13.2 / 10.0   19.9 / 20.7
 
-``gathered`` copies every token's matrices (``[T, in, r]``): it loses from 16 tokens on; ``grouped``
-pays an ``index_select``/``index_add_`` per adapter. ``stacked`` is kept for steps that mix adapters
-(or adapters and the base), and ``single`` (two products, no mask) for steps whose tokens all use one
-adapter. On a CPU both run where the base linears run: oneDNN (``add_stacked_onednn``), except a
-one-adapter step of at most a few tokens, where ``torch.mm`` costs ~5 us a linear against oneDNN's
-~20 (``bank.SINGLE_MM_TOKENS``).
+So a step whose tokens all use one adapter takes ``single`` (two products, no mask), a mixed step
+``stacked`` over the adapters it uses, and a long one whose adapters' shares are balanced (at most
+half of the stacked rows when padded) ``padded`` (``bank.GROUPED_TOKENS``). The zero adapter is not
+in the stack: a base token's mask row is all zeros.
+
+All of them run through ``torch.mm``/``bmm`` on a CPU too. oneDNN (``add_stacked_onednn``, what the
+packed base linears use) was the earlier choice, against MKL's thread team fighting OpenMP's (a
+16-row step 5.6 s with ``mm`` in torch 2.5); measured again in the engine (torch 2.13, this machine,
+16 rows over 4 adapters, median decode step): ``mm`` 105 ms, oneDNN 121 ms at 2 threads, 13 against
+32 ms of products at 1 thread; no slowdown of ``mm`` at either count. It stays for comparison
+(``loadtests/bench_lora --product onednn``).
 """
 
 from __future__ import annotations
@@ -36,21 +44,36 @@ from __future__ import annotations
 import torch
 
 
+def add_single(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``out += x @ a @ b * scale`` in place (returned): a step whose tokens all use one adapter (one
+    client) needs no mask."""
+    return out.addmm_(x @ a, b, alpha=scale)
+
+
 def add_stacked(
     out: torch.Tensor, x: torch.Tensor, a_cat: torch.Tensor, b_cat: torch.Tensor, mask: torch.Tensor, rank: int
 ) -> torch.Tensor:
-    """``out`` ``[T, out]`` plus every token's delta (a new tensor: a base linear's output may be a view
-    a sibling linear still reads, ``quantization/sibling_products``). ``x`` ``[T, in]``; ``a_cat``
-    ``[in, S*r]``; ``b_cat`` ``[S*r, out]``; ``mask`` ``[T, S, 1]`` (each token's adapter's scale in its
-    slot, zeros elsewhere)."""
-    tokens, slots = mask.shape[:2]
-    down = (x @ a_cat).view(tokens, slots, rank).mul_(mask)  # [T, S, r]
-    return torch.addmm(out, down.view(tokens, slots * rank), b_cat)
+    """``out`` ``[T, out]`` plus every token's delta, in place (returned). ``x`` ``[T, in]``; ``a_cat``
+    ``[in, n*r]``; ``b_cat`` ``[n*r, out]``; ``mask`` ``[T, n, 1]`` (each token's adapter's scale in its
+    column, zeros elsewhere: all zeros for a base token)."""
+    tokens, adapters = mask.shape[:2]
+    down = (x @ a_cat).view(tokens, adapters, rank).mul_(mask)  # [T, n, r]
+    return out.addmm_(down.view(tokens, adapters * rank), b_cat)
 
 
-def add_single(out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
-    """``out + x @ a @ b * scale``: a step whose tokens all use one adapter (one client) needs no mask."""
-    return torch.addmm(out, x @ a, b, alpha=scale)
+def add_padded(
+    out: torch.Tensor, x: torch.Tensor, a: torch.Tensor, b: torch.Tensor, gather: torch.Tensor, mask: torch.Tensor,
+    rows: torch.Tensor, tokens: torch.Tensor,
+) -> torch.Tensor:  # fmt: skip
+    """``out`` plus each token's delta against its own adapter only, in place (returned). ``a``
+    ``[n, in, r]``, ``b`` ``[n, r, out]``; ``gather`` ``[n*m]`` the token of each padded row (padding
+    repeats one); ``mask`` ``[n, m, 1]`` the row's scale, 0 for padding; ``rows`` the padded rows that
+    hold a token and ``tokens`` which token each holds (every token at most once: no two additions
+    into one row)."""
+    adapters, width = mask.shape[:2]
+    down = torch.bmm(x.index_select(0, gather).view(adapters, width, -1), a).mul_(mask)  # [n, m, r]
+    up = torch.bmm(down, b).view(adapters * width, -1)  # [n*m, out]
+    return out.index_add_(0, tokens, up.index_select(0, rows))
 
 
 def gathered_delta(
@@ -76,10 +99,8 @@ def grouped_delta(
 
 
 def uses_onednn(device: torch.device, dtype: torch.dtype) -> bool:
-    """On a CPU the products run through oneDNN, as the packed base linears do (``model/packed_linear``):
-    ``torch.mm`` there is MKL's, whose own thread team and the OpenMP one of every other op of the step
-    take turns on the cores. Measured on this project's 2-core machine, a 16-row step over 4 adapters:
-    5.6 s with ``mm``, 0.22 s with MKL held to one thread; oneDNN shares the step's team."""
+    """Whether oneDNN can run the stacked product here (a CPU, float32 or bfloat16): only on request
+    (``LoraBank.use_onednn``), ``torch.mm`` measured faster (the module's docstring)."""
     return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
 
 
@@ -91,8 +112,8 @@ def pack_onednn(weight: torch.Tensor) -> torch.Tensor:
 def add_stacked_onednn(
     out: torch.Tensor, x: torch.Tensor, a_packed: torch.Tensor, b_packed: torch.Tensor, mask: torch.Tensor, rank: int
 ) -> torch.Tensor:
-    """``add_stacked`` through oneDNN: ``a_packed`` is ``A^T`` ``[S*r, in]``, ``b_packed`` ``B^T`` ``[out, S*r]``."""
-    tokens, slots = mask.shape[:2]
-    down = torch.ops.mkldnn._linear_pointwise(x, a_packed, None, "none", [], "")  # [T, S*r]
-    down = down.view(tokens, slots, rank).mul_(mask).view(tokens, slots * rank)
-    return out + torch.ops.mkldnn._linear_pointwise(down, b_packed, None, "none", [], "")
+    """``add_stacked`` through oneDNN: ``a_packed`` is ``A^T`` ``[n*r, in]``, ``b_packed`` ``B^T`` ``[out, n*r]``."""
+    tokens, adapters = mask.shape[:2]
+    down = torch.ops.mkldnn._linear_pointwise(x, a_packed, None, "none", [], "")  # [T, n*r]
+    down = down.view(tokens, adapters, rank).mul_(mask).view(tokens, adapters * rank)
+    return out.add_(torch.ops.mkldnn._linear_pointwise(down, b_packed, None, "none", [], ""))
