@@ -235,6 +235,21 @@ Quantized quantize(const Tensor& x) {
     return q;
 }
 
+/* A symmetric product starts each lane's dot product at -zero times its activation codes' sum: set
+   once a call here (lane_low, and lane_high for a scale per 16 columns; without one lane_low holds
+   both halves' start), so the tiles only load it. */
+void start_at_zero(Quantized& q, int64_t zero, bool half) {
+    const int32_t minus = static_cast<int32_t>(-zero);
+    for (size_t i = 0; i < q.lane_low.size(); i++) {
+        if (half) {
+            q.lane_low[i] *= minus;
+            q.lane_high[i] *= minus;
+        } else {
+            q.lane_low[i] = minus * (q.lane_low[i] + q.lane_high[i]);
+        }
+    }
+}
+
 /* Bytes of one weight row: 4-bit codes are nibbles (16 bytes a block); 5- and 6-bit codes are those
    nibbles, then per group of 4 blocks one or two planes of their fifth and sixth bits (16 bytes a
    plane: 64 bits for the low halves' bytes of the group's 64-byte nibble load, 64 for the high
@@ -289,7 +304,6 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
     const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
     const __m512i spread_low = _mm512_set_epi32(6, 6, 6, 6, 4, 4, 4, 4, 2, 2, 2, 2, 0, 0, 0, 0);
     const __m512i spread_high = _mm512_set_epi32(7, 7, 7, 7, 5, 5, 5, 5, 3, 3, 3, 3, 1, 1, 1, 1);
-    const __m512i minus_zero = _mm512_set1_epi32(-zero);
     const int64_t scale_row = HALF ? 2 * blocks : blocks;
     const int64_t nibble_bytes = blocks * 16;
     __m512 acc[W][R];
@@ -344,9 +358,8 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
             const __m512i xl = _mm512_loadu_si512(x), xh = _mm512_loadu_si512(x + 64);
             const __m512 dx = _mm512_loadu_ps(q.lane_scale.data() + at * 16);
             if constexpr (HALF) {
-                const __m512i start_low = _mm512_mullo_epi32(_mm512_loadu_si512(q.lane_low.data() + at * 16), minus_zero);
-                const __m512i start_high =
-                    _mm512_mullo_epi32(_mm512_loadu_si512(q.lane_high.data() + at * 16), minus_zero);
+                const __m512i start_low = _mm512_loadu_si512(q.lane_low.data() + at * 16);  // -zero * sums
+                const __m512i start_high = _mm512_loadu_si512(q.lane_high.data() + at * 16);
                 for (int w = 0; w < W; w++) {
                     const __m512i dot_low = _mm512_dpbusd_epi32(start_low, low[w], xl);
                     const __m512i dot_high = _mm512_dpbusd_epi32(start_high, high[w], xh);
@@ -354,10 +367,7 @@ inline void tile_dot(const uint8_t* codes, const S* scales, const S* mins, int64
                     acc[w][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot_high), _mm512_mul_ps(dh[w], dx), acc[w][r]);
                 }
             } else if constexpr (SYM) {
-                const __m512i start = _mm512_mullo_epi32(
-                    _mm512_add_epi32(_mm512_loadu_si512(q.lane_low.data() + at * 16),
-                                     _mm512_loadu_si512(q.lane_high.data() + at * 16)),
-                    minus_zero);
+                const __m512i start = _mm512_loadu_si512(q.lane_low.data() + at * 16);  // -zero * both halves' sums
                 for (int w = 0; w < W; w++) {
                     __m512i dot = _mm512_dpbusd_epi32(start, low[w], xl);
                     dot = _mm512_dpbusd_epi32(dot, high[w], xh);
@@ -597,7 +607,8 @@ Tensor block_linear(const Tensor& x, const Tensor& codes, const Tensor& scales, 
                         "block linear: mins must be contiguous [out_features, in_features / 32] of the scales' dtype");
     Tensor out = empty_rows(x, x.size(0), n_rows);
     if (x.size(0) == 0 || n_rows == 0) return out;
-    const Quantized q = quantize(x);
+    Quantized q = quantize(x);
+    if (zero >= 0) start_at_zero(q, zero, scale_columns == 16);
     if (x.scalar_type() == ScalarType::BFloat16)
         dispatch_format(q, codes, scales, mins, bits, zero, scale_columns, static_cast<c10::BFloat16*>(out.data_ptr()));
     else
