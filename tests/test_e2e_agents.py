@@ -22,7 +22,8 @@ import jsonschema
 import pytest
 from openai import AsyncOpenAI
 
-from tests.test_e2e_openai import MODEL, start_server, stop_server
+from tests.shared_servers import PLAIN
+from tests.test_e2e_openai import MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -30,12 +31,9 @@ QUESTION = "What is the weather in Oslo?"
 
 
 @pytest.fixture(scope="module")
-def base_url(smollm2, tmp_path_factory):
-    store = f"sqlite:///{tmp_path_factory.mktemp('agents') / 'responses.db'}"
-    base, proc = start_server("--max-model-len", "2048", "--responses-store", store)
+def base_url(shared_server):
     agents.set_tracing_disabled(True)  # no trace upload: the run reaches only this server
-    yield f"{base}/v1"
-    stop_server(proc)
+    return f"{shared_server(*PLAIN)}/v1"  # its Responses store is a file in the session's temporary folder
 
 
 class WeatherRun:

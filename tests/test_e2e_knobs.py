@@ -6,16 +6,15 @@ import openai
 import pytest
 import torch
 
-from tests.test_e2e_openai import MODEL, start_server, stop_server
+from tests.shared_servers import PLAIN
+from tests.test_e2e_openai import MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
-def client(smollm2, tmp_path_factory):
-    base, proc = start_server("--max-model-len", "512", log=tmp_path_factory.mktemp("knobs") / "server.log")
-    yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    stop_server(proc)
+def client(shared_server):
+    return openai.OpenAI(base_url=f"{shared_server(*PLAIN)}/v1", api_key="unused", max_retries=0)
 
 
 def test_stop_strings_keep_the_text_that_stop_trims(client, smollm2):

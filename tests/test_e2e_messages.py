@@ -1,19 +1,29 @@
 """The Messages API end to end: the real ``anthropic`` SDK against a real server with the embedded
-SmolLM2 and an API key (the SDK sends it as ``x-api-key``): create, stream (``text_stream`` and the
-final message; ``create(stream=True)``'s raw events), a ``tool_use`` -> ``tool_result`` round trip
-streamed and not, ``count_tokens`` against chat's ``prompt_tokens``, errors as the SDK's exceptions,
-and beam search and contrastive search through ``extra_body`` token-identical to the same chat request."""
+SmolLM2 (the session's shared one): create, stream (``text_stream`` and the final message;
+``create(stream=True)``'s raw events), a ``tool_use`` -> ``tool_result`` round trip streamed and not,
+``count_tokens`` against chat's ``prompt_tokens``, errors as the SDK's exceptions, and beam search
+and contrastive search through ``extra_body`` token-identical to the same chat request. The API key
+(the SDK sends it as ``x-api-key``: accepted, and a wrong one refused in Anthropic's shape) is checked
+against a real uvicorn whose app requires one, over the fake engine: the key check comes before any
+model, and the shared server has no key."""
 
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterator
 
 import anthropic
 import jsonschema
 import openai
 import pytest
 
-from tests.test_e2e_openai import MODEL, start_server, stop_server
+from server.app import create_app
+from server.config.settings import Settings
+from tests.fake_engine import FakeEngineClient
+from tests.shared_servers import PLAIN
+from tests.test_e2e_openai import MODEL, free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -23,15 +33,33 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
 TOOLS = [{"name": "get_weather", "description": "Current weather in a city", "input_schema": CITY}]
 FORCED = {"type": "tool", "name": "get_weather"}
 ASK = [{"role": "user", "content": "What is the weather in Oslo?"}]
+FAKE_MODEL = FakeEngineClient.model_name
 # this SDK's create() no longer names the sampling fields: they travel in the body as any extra field does
 GREEDY = {"temperature": 0}
 
 
 @pytest.fixture(scope="module")
-def server(smollm2):  # smollm2: the model is converted into the cache before the server starts
-    base, proc = start_server("--max-model-len", "2048", "--api-key", KEY)
-    yield base
-    stop_server(proc)
+def server(shared_server) -> str:
+    return shared_server(*PLAIN)
+
+
+@pytest.fixture(scope="module")
+def keyed_server() -> Iterator[str]:
+    """A real uvicorn whose app requires ``KEY``, over the fake engine (a thread of this process)."""
+    import uvicorn
+
+    app = create_app(Settings(api_key=KEY), engine_client=FakeEngineClient())
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline, "the keyed server did not start in 30 s"
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
 
 
 @pytest.fixture(scope="module")
@@ -118,7 +146,7 @@ def test_count_tokens_is_chats_prompt(client, chat):
     assert counted.input_tokens == completion.usage.prompt_tokens
 
 
-def test_errors_are_the_sdks_exceptions_in_anthropics_shape(client, server):
+def test_errors_are_the_sdks_exceptions_in_anthropics_shape(client, keyed_server):
     with pytest.raises(anthropic.NotFoundError) as missing:
         client.messages.create(model="no-such-model", max_tokens=5, messages=ASK)
     assert missing.value.body["type"] == "error" and missing.value.body["error"]["type"] == "not_found_error"
@@ -126,9 +154,11 @@ def test_errors_are_the_sdks_exceptions_in_anthropics_shape(client, server):
         client.messages.create(model=MODEL, max_tokens=5, messages=ASK, extra_body={"num_beam": 2})
     assert unknown.value.body["error"]["type"] == "invalid_request_error"
     assert "num_beam" in unknown.value.body["error"]["message"]
+    keyed = anthropic.Anthropic(base_url=keyed_server, api_key=KEY, max_retries=0)
+    assert keyed.messages.create(model=FAKE_MODEL, max_tokens=3, messages=ASK).content  # the SDK's key is accepted
     with pytest.raises(anthropic.AuthenticationError) as refused:
-        anthropic.Anthropic(base_url=server, api_key="wrong", max_retries=0).messages.create(
-            model=MODEL, max_tokens=5, messages=ASK)
+        anthropic.Anthropic(base_url=keyed_server, api_key="wrong", max_retries=0).messages.create(
+            model=FAKE_MODEL, max_tokens=5, messages=ASK)
     assert refused.value.body["error"]["type"] == "authentication_error"
 
 

@@ -16,6 +16,8 @@ import httpx
 import openai
 import pytest
 
+from tests.shared_servers import PLAIN, PLAIN_MAX_MODEL_LEN
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -63,16 +65,15 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2):  # smollm2: the model is converted into the cache before the server starts
-    base, proc = start_server("--max-model-len", "1024", "--max-queue", "64")
-    yield base, proc
-    stop_server(proc)
+def server(shared_server) -> str:
+    """The session's plain server (tests/shared_servers.py); the tests below that need other flags
+    (a full queue, draining, an assistant model) start their own."""
+    return shared_server(*PLAIN)
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    base, _ = server
-    return openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{server}/v1", api_key="unused", max_retries=0)
 
 
 def test_models_lists_the_short_name(client):
@@ -184,7 +185,7 @@ def test_beam_limits_are_400s(client):
 
 
 def test_unknown_field_is_a_400_naming_it(server):
-    base, _ = server
+    base = server
     r = httpx.post(f"{base}/v1/completions", json={"model": MODEL, "prompt": "hi", "num_beam": 2})
     assert r.status_code == 400
     assert r.json()["error"]["param"] == "num_beam"
@@ -197,12 +198,12 @@ def test_bad_values_are_400s(client):
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="hi")
     with pytest.raises(openai.BadRequestError) as err:
-        client.completions.create(model=MODEL, prompt="hello " * 2000, max_tokens=8)
+        client.completions.create(model=MODEL, prompt="hello " * (2 * PLAIN_MAX_MODEL_LEN), max_tokens=8)
     assert "context" in err.value.body["message"]
 
 
 def test_metrics_are_prometheus_text(server, client):
-    base, _ = server
+    base = server
     client.completions.create(model=MODEL, prompt="Hi", max_tokens=4, temperature=0)
     text = httpx.get(f"{base}/metrics").text
     assert 'decoda_generation_tokens_total{strategy="greedy"}' in text
@@ -210,7 +211,7 @@ def test_metrics_are_prometheus_text(server, client):
 
 
 def test_client_disconnect_aborts_the_request(server):
-    base, _ = server
+    base = server
     body = {"model": MODEL, "prompt": "Tell me a long story.", "max_tokens": 500, "stream": True,
             "ignore_eos": True, "temperature": 0}  # fmt: skip
 

@@ -9,7 +9,8 @@ import jsonschema
 import openai
 import pytest
 
-from tests.test_e2e_openai import MODEL, start_server, stop_server
+from tests.shared_servers import PLAIN
+from tests.test_e2e_openai import MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -25,10 +26,8 @@ def get_weather(city: str) -> dict:
 
 
 @pytest.fixture(scope="module")
-def client(smollm2):
-    base, proc = start_server("--max-model-len", "2048")
-    yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
-    stop_server(proc)
+def client(shared_server):
+    return openai.OpenAI(base_url=f"{shared_server(*PLAIN)}/v1", api_key="unused", max_retries=0)
 
 
 def answer_calls(calls) -> list[dict]:

@@ -30,7 +30,8 @@ import pytest
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
-from tests.test_e2e_openai import free_port, start_server, stop_server
+from tests.shared_servers import PLAIN
+from tests.test_e2e_openai import free_port
 
 try:
     from playwright.sync_api import Page, sync_playwright
@@ -82,13 +83,12 @@ def metric(base: str, name: str, labels: str = "") -> float:
 
 
 @pytest.fixture(scope="module")
-def server():
-    base, proc = start_server("--max-model-len", "1024")
+def server(shared_server) -> str:
+    base = shared_server(*PLAIN)
     # a fresh server's first forward is slow (seconds of one-time setup): keep it out of the figures
     body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2}
     httpx.post(f"{base}/v1/chat/completions", json=body, timeout=GENERATION_TIMEOUT).raise_for_status()
-    yield base
-    stop_server(proc)
+    return base
 
 
 @pytest.fixture(scope="module")

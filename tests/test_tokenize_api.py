@@ -12,6 +12,7 @@ import pytest
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import WORDS, FakeEngineClient
+from tests.shared_servers import PLAIN, PLAIN_MAX_MODEL_LEN
 
 ASK = [{"role": "user", "content": "hello world"}]
 TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
@@ -100,12 +101,8 @@ def test_another_model_is_a_404_on_both():
 
 # ---- end to end with the embedded model ---------------------------------------------------------------
 @pytest.fixture(scope="module")
-def server(smollm2):
-    from tests.test_e2e_openai import start_server, stop_server
-
-    base, proc = start_server("--max-model-len", "1024")
-    yield base
-    stop_server(proc)
+def server(shared_server) -> str:
+    return shared_server(*PLAIN)
 
 
 @pytest.mark.e2e
@@ -114,7 +111,7 @@ def test_the_round_trip_is_the_tokenizer_s_own(server, smollm2_tokenizer):
     text = "Tokenizers split words: naïve café, 1234 ✓"
     body = httpx.post(f"{server}/tokenize", json={"prompt": text, "return_token_strs": True}, timeout=30).json()
     assert body["tokens"] == smollm2_tokenizer.encode(text) and body["count"] == len(body["tokens"])
-    assert body["max_model_len"] == 1024
+    assert body["max_model_len"] == PLAIN_MAX_MODEL_LEN  # the server's --max-model-len
     assert body["token_strs"] == smollm2_tokenizer.convert_ids_to_tokens(body["tokens"])
     back = httpx.post(f"{server}/detokenize", json={"tokens": body["tokens"]}, timeout=30).json()
     assert back == {"prompt": smollm2_tokenizer.decode(body["tokens"])}
