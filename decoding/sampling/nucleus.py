@@ -56,7 +56,7 @@ def _kept_tokens(probs: torch.Tensor, mass: float, mass32: torch.Tensor, keep: i
     bucket, and the cut is the highest bucket boundary with at most ``mass`` below it, so the tokens
     sorted are those within a factor of two of the smallest one kept, or above."""
     exponents = (probs.view(torch.int32) >> 23).long()  # biased exponent e: p in [2^(e-127), 2^(e-126))
-    weights = torch.zeros(256, dtype=torch.float64).scatter_add_(0, exponents, probs.double())
+    weights = torch.zeros(256, dtype=torch.float64, device=probs.device).scatter_add_(0, exponents, probs.double())
     below = weights.cumsum(0)  # below[e]: the mass of every probability under 2^(e-126)
     fits = (below <= mass).nonzero()
     if len(fits) == 0:

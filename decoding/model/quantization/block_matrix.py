@@ -69,7 +69,8 @@ class BlockMatrix(MatrixModule):
         exact = _exact_in_half(scale) and (offset is None or _exact_in_half(offset))
         dtype = torch.float16 if exact else torch.float32
         self.keep("scales", scale.to(dtype).contiguous())
-        self.keep("mins", torch.empty(0, dtype=dtype) if offset is None else offset.to(dtype).contiguous())
+        no_mins = torch.empty(0, dtype=dtype, device=scale.device)
+        self.keep("mins", no_mins if offset is None else offset.to(dtype).contiguous())
         self._refresh_operands()
 
     def matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -157,7 +158,7 @@ def pack_planes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     (column ``16 + i``), little-endian; a last group of fewer blocks is padded with zeros."""
     rows, width = codes.shape
     groups = -(-width // (GROUP * BLOCK))
-    padded = torch.zeros(rows, groups * GROUP * BLOCK, dtype=torch.uint8)
+    padded = torch.zeros(rows, groups * GROUP * BLOCK, dtype=torch.uint8, device=codes.device)
     padded[:, :width] = codes.to(torch.uint8)
     halves = padded.reshape(rows, groups, GROUP, 2, 16).transpose(2, 3)  # [rows, groups, half, block, column]
     planes = []
