@@ -11,6 +11,7 @@ decode attention call (``paged_write_decode``).
     .venv/bin/python -m loadtests.bench_step --modes float32,bfloat16,gguf,gguf+bfloat16 --ab-fused
     .venv/bin/python -m loadtests.bench_step --modes gguf --compile
     .venv/bin/python -m loadtests.bench_step --modes gguf,int4 --ab-kernel
+    .venv/bin/python -m loadtests.bench_step --model gemma3-270m --modes gguf --compile
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from decoding.engine.core import Engine
 from decoding.model.loading import load_model
 from decoding.model.quantization import block_matrix
 from decoding.params import GenerationParams
-from loadtests.bench_decode import build_engine, chat_prompt_ids
+from loadtests.bench_decode import PROMPT, build_engine, chat_prompt_ids
 from loadtests.compare import cpu_summary
 
 MODEL = "smollm2-135m-instruct"
@@ -39,12 +40,12 @@ def _unfused(*args: object, **kwargs: object) -> None:
     return None  # "cannot": _attend takes the PyTorch writes and the plain decode kernel
 
 
-def build(mode: str, rows: int, compile_layers: bool, tokenizer: object, eos: list[int]) -> Engine:
+def build(mode: str, rows: int, compile_layers: bool, tokenizer: object, eos: list[int], model: str = MODEL) -> Engine:
     """``mode``: a weight format (float32, gguf, int8, int4), ``+bfloat16`` for bfloat16 activations."""
     weights, _, activations = mode.partition("+")
     config = ("bf16" if "bfloat16" in (weights, activations) else "fp32") + ("+compile" if compile_layers else "")
     quantization = weights if weights in ("gguf", "int8", "int4") else "none"
-    return build_engine(MODEL, config, tokenizer, eos, quantization=quantization, max_num_seqs=rows)
+    return build_engine(model, config, tokenizer, eos, quantization=quantization, max_num_seqs=rows)
 
 
 @contextmanager
@@ -78,6 +79,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--modes", default="float32,gguf", help="comma list: float32, bfloat16, gguf, "
                         "gguf+bfloat16, int8, int4 (+bfloat16)")  # fmt: skip
+    parser.add_argument("--model", default=MODEL, help="a packaged model (gemma3-270m: the 262k-vocabulary one)")
     parser.add_argument("--rows", default="1,16")
     parser.add_argument("--new-tokens", type=int, default=96)
     parser.add_argument("--compile", action="store_true", help="compile the forward as --compile does")
@@ -89,21 +91,23 @@ def main() -> None:
         parser.error("--ab-kernel times two engines in one process, which --compile cannot (they would share "
                      "one code object's graphs); compare two processes with DECODA_BLOCK_KERNEL=torch instead")
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
-    reference = load_model(MODEL)  # its tokenizer and eos ids, as bench_decode hands them to each engine
-    tokenizer, eos, prompt = reference.tokenizer, reference.eos_token_ids, chat_prompt_ids(reference.tokenizer)
+    reference = load_model(args.model)  # its tokenizer and eos ids, as bench_decode hands them to each engine
+    tokenizer, eos = reference.tokenizer, reference.eos_token_ids
+    # Gemma's GGUF carries no chat template: the prompt's plain tokens then
+    prompt = chat_prompt_ids(tokenizer) if tokenizer.chat_template else tokenizer(PROMPT).input_ids
     del reference
     for mode in args.modes.split(","):
         for rows in (int(r) for r in args.rows.split(",")):
             if args.compile:  # a new model: its graphs compile afresh, guards checked in full until its warm-up ends
                 torch.compiler.set_stance("default")
                 torch._dynamo.reset()
-            engine = build(mode, rows, args.compile, tokenizer, eos)
+            engine = build(mode, rows, args.compile, tokenizer, eos, args.model)
             engines = {"fused": engine}
             if args.ab_fused:
                 engines["unfused"] = engine  # the same engine, attention.paged_write_decode swapped
             if args.ab_kernel:
                 with _without_block_kernel():
-                    engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos)
+                    engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos, args.model)
             for each in {id(e): e for e in engines.values()}.values():  # each engine once
                 median_step_ms(each, prompt, rows, 16)  # warm
             times: dict[str, list[float]] = {name: [] for name in engines}
