@@ -42,7 +42,7 @@ def top_p(scores: torch.Tensor, tail_mass: torch.Tensor, keep: int = 1) -> torch
     probs = scores.float().softmax(dim=-1)
     out = torch.full_like(scores, NEG_INF)
     for row in range(scores.shape[0]):
-        kept = _kept_tokens(probs[row], float(tail_mass[row, 0]), tail_mass[row, 0].float(), keep)
+        kept = _kept_tokens(probs[row], tail_mass[row, 0].float(), keep)
         if kept is None:
             out[row] = top_p_sorted(scores[row : row + 1], tail_mass[row : row + 1], keep)[0]
         else:
@@ -50,7 +50,7 @@ def top_p(scores: torch.Tensor, tail_mass: torch.Tensor, keep: int = 1) -> torch
     return out
 
 
-def _kept_tokens(probs: torch.Tensor, mass: float, mass32: torch.Tensor, keep: int) -> torch.Tensor | None:
+def _kept_tokens(probs: torch.Tensor, mass32: torch.Tensor, keep: int) -> torch.Tensor | None:
     """The indices one row keeps, or None when no cut qualifies (the full sort then). The cut is a
     power of two: one pass buckets the probabilities by their float32 exponent bits and weighs each
     bucket, and the cut is the highest bucket boundary with at most ``mass`` below it, so the tokens
@@ -58,7 +58,7 @@ def _kept_tokens(probs: torch.Tensor, mass: float, mass32: torch.Tensor, keep: i
     exponents = (probs.view(torch.int32) >> 23).long()  # biased exponent e: p in [2^(e-127), 2^(e-126))
     weights = torch.zeros(256, dtype=torch.float64, device=probs.device).scatter_add_(0, exponents, probs.double())
     below = weights.cumsum(0)  # below[e]: the mass of every probability under 2^(e-126)
-    fits = (below <= mass).nonzero()
+    fits = (below <= float(mass32)).nonzero()
     if len(fits) == 0:
         return None
     bucket = int(fits[-1])

@@ -122,15 +122,8 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
     sum = scale * static_cast<float>(_mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb)));
 }
 #else
-inline void lane_sums(const int8_t* low, const int8_t* high, int32_t* low_lanes, int32_t* high_lanes) {
-    for (int lane = 0; lane < 4; lane++) {
-        low_lanes[lane] = high_lanes[lane] = 0;
-        for (int i = 0; i < 4; i++) {
-            low_lanes[lane] += low[4 * lane + i];
-            high_lanes[lane] += high[4 * lane + i];
-        }
-    }
-}
+/* Without VNNI every type takes its minimums (block_linear refuses a zero code there): the lanes'
+   code sums are not read, and stay zero. */
 #if defined(BLOCK_AVX2)
 inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum, int32_t* low_lanes,
                            int32_t* high_lanes) {
@@ -156,7 +149,6 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
         total += codes[i] + codes[16 + i];
     }
     sum = scale * static_cast<float>(total);
-    lane_sums(low, high, low_lanes, high_lanes);
 }
 #else
 inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& scale, float& sum, int32_t* low_lanes,
@@ -172,7 +164,6 @@ inline void quantize_block(const float* v, int8_t* low, int8_t* high, float& sca
         total += low[i] + high[i];
     }
     sum = scale * static_cast<float>(total);
-    lane_sums(low, high, low_lanes, high_lanes);
 }
 #endif
 #endif
