@@ -36,7 +36,7 @@ ENV DECODA_CACHE_DIR=/opt/decoda/cache
 RUN python -c "from decoding.model.loading import load_model; load_model('smollm2-135m-instruct', cache_dir='/opt/decoda/cache')" \
     && chmod -R a+rX /opt/decoda
 
-# the paged-attention kernel, the block (gguf/int4) kernel and the greedy row argmax, built once here for a portable
+# the paged-attention kernel, the block (gguf/int4) kernel, the greedy row argmax and the LoRA deltas, built once here for a portable
 # x86-64 target (AVX2/FMA: the block kernel takes its AVX2 path, 4-bit codes only); the compilers
 # leave the image again. Another CPU family: --build-arg KERNEL_MARCH=armv8-a (or native)
 ARG KERNEL_MARCH=x86-64-v3
@@ -45,6 +45,7 @@ RUN apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-ins
     && python -c "from decoding.kv.paged_attention import native_available; assert native_available()" \
     && python -c "from decoding.model.quantization.block_matrix import isa; print('block kernel:', isa())" \
     && python -c "from decoding.sampling.fast_argmax import available; print('row argmax:', available())" \
+    && python -c "from decoding.model.lora.native import available; print('LoRA kernel:', available())" \
     && chmod -R a+rX /opt/decoda/kernels \
     && apt-get purge -y gcc g++ libc6-dev && apt-get autoremove -y && rm -rf /var/lib/apt/lists/*
 

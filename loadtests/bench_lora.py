@@ -66,7 +66,7 @@ def engine_for(args: argparse.Namespace, adapters: list[Path] | None) -> tuple[E
     for i, path in enumerate(adapters or []):
         engine.loras.load(f"a{i}", str(path))
     if engine.loras is not None and args.product != "auto":
-        engine.loras.bank.use_onednn(args.product == "onednn")
+        engine.loras.bank.use_product(args.product)
     return engine, loaded.tokenizer
 
 
@@ -91,9 +91,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument(
         "--product",
-        choices=("auto", "mm", "onednn"),
+        choices=("auto", "native", "mm", "onednn"),
         default="auto",
-        help="the LoRA product on a CPU: auto (what the server runs), torch.mm, or oneDNN",
+        help="the LoRA product on a CPU: auto (what the server runs: native where it runs), the native kernel, "
+        "torch.mm, or oneDNN",
     )
     args = parser.parse_args()
     if args.threads:

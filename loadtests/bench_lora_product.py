@@ -5,7 +5,8 @@ LoRA delta, rank 16, float32, for steps of several shapes: tokens spread evenly 
 adapters and the base (index 0), a prompt chunk of 4 runs (one adapter each), one adapter's run and
 one base token; beside them the base products themselves (oneDNN-packed, as served), so the delta's
 share is visible, and the one-adapter product (every token on adapter 1: one client). ``stacked``
-and ``padded`` leave the zero adapter out, as the bank does.
+and ``padded`` leave the zero adapter out, as the bank does; ``native`` is ``low_rank.cpp``'s one call
+(every token's delta against its own adapter, a base token skipped).
 
     .venv/bin/python -m loadtests.bench_lora_product [--rank 16] [--adapters 4]
 """
@@ -18,11 +19,12 @@ from collections.abc import Callable
 
 import torch
 
+from decoding.model.lora import native
 from decoding.model.lora.product import add_padded, add_single, add_stacked, gathered_delta, grouped_delta
 
 LAYER = [(576, 576), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)]
 SHAPES = LAYER * 30
-Mats = list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]
+Mats = list[tuple]  # (width, a, b, a_cat, b_cat, packed base, a stack, b stack) per projection
 
 
 def _time(fn: Callable[[], None], repeat: int = 9) -> float:
@@ -44,7 +46,7 @@ def _matrices(slots: int, rank: int) -> Mats:
         a_cat = a[1:].permute(1, 0, 2).reshape(inp, (slots - 1) * rank).contiguous()  # no zero adapter
         b_cat = b[1:].reshape((slots - 1) * rank, out).contiguous()
         packed = torch.ops.mkldnn._reorder_linear_weight(torch.randn(out, inp), 64)
-        mats.append((inp, a, b, a_cat, b_cat, packed))
+        mats.append((inp, a, b, a_cat, b_cat, packed, a[1:].contiguous(), b[1:].contiguous()))
     return mats
 
 
@@ -65,11 +67,11 @@ def _row(index: torch.Tensor, mats: Mats, scale: torch.Tensor, rank: int) -> lis
     outs = {o: torch.zeros(tokens, o) for o in (192, 576, 1536)}
 
     def base() -> None:
-        for inp, *_, packed in mats:
+        for inp, _, _, _, _, packed, *_ in mats:
             torch.ops.mkldnn._linear_pointwise(xs[inp], packed, None, "none", [], "")
 
     def stacked() -> None:
-        for inp, _, b, a_cat, b_cat, _ in mats:
+        for inp, _, b, a_cat, b_cat, *_ in mats:
             add_stacked(outs[b.shape[-1]], xs[inp], a_cat, b_cat, mask, rank)
 
     def padded() -> None:
@@ -88,7 +90,15 @@ def _row(index: torch.Tensor, mats: Mats, scale: torch.Tensor, rank: int) -> lis
         for inp, a, b, *_ in mats:
             add_single(outs[b.shape[-1]], xs[inp], a[1], b[1], 2.0)
 
-    return [_time(f) for f in (base, stacked, padded, gathered, grouped, single)]
+    token_slots = index - 1  # the native kernel's stack has no zero adapter: -1 is the base
+    stack_scales = scale[1:].contiguous()
+
+    def one_call() -> None:  # low_rank.cpp: both products of every token in one call
+        for inp, _, b, _, _, _, a_stack, b_stack in mats:
+            native.add_deltas(outs[b.shape[-1]], xs[inp], a_stack, b_stack, token_slots, stack_scales)
+
+    functions = [base, stacked, padded, gathered, grouped, single]
+    return [_time(f) for f in functions] + [_time(one_call) if native.available() else float("nan")]
 
 
 def main() -> None:
@@ -103,7 +113,7 @@ def main() -> None:
     scale[0] = 0
     print(f"rank {args.rank}, {args.adapters} adapters + base, {torch.get_num_threads()} threads; best ms for one "
           f"step's 210 projections")  # fmt: skip
-    names = ("base", "stacked", "padded", "gathered", "grouped", "1 adapter")
+    names = ("base", "stacked", "padded", "gathered", "grouped", "1 adapter", "native")
     print(f"{'step':<24}" + " ".join(f"{name:>9}" for name in names))
     for label, index in _steps(slots):
         row = _row(index, mats, scale, args.rank)
@@ -117,10 +127,13 @@ def _steps(slots: int) -> list[tuple[str, torch.Tensor]]:
     one_and_base = torch.tensor([1] * 20 + [0])
     return [
         ("1, adapter 1", torch.ones(1, dtype=torch.long)),
+        ("4, spread", spread(4)),
         ("16, spread", spread(16)),
+        ("32, spread", spread(32)),
         ("64, spread", spread(64)),
         ("320, 4 runs of 80", runs),
         ("21, adapter 1 + base", one_and_base),
+        ("64, adapter 1", torch.ones(64, dtype=torch.long)),
     ]
 
 

@@ -16,7 +16,8 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
 from decoding.engine.lora import LoraLimits
-from decoding.model.lora import LoraInUse, LoraRefused
+from decoding.model.lora import LoraInUse, LoraRefused, native
+from decoding.model.lora.bank import NATIVE_SINGLE_TOKENS
 from decoding.model.lora.product import (
     add_padded,
     add_single,
@@ -317,21 +318,30 @@ def test_the_product_phrasings_agree():
         ("-" * 4 + "cd" * 40, "padded"),  # the adapters' range is the slots the step uses
     ],
 )
-@pytest.mark.parametrize("onednn", [False, True], ids=["mm", "onednn"])
-def test_each_step_adds_each_tokens_own_peft_delta(base, adapters, smollm2_tokenizer, pattern, path, onednn):
+@pytest.mark.parametrize("product", ["native", "mm", "onednn"])
+def test_each_step_adds_each_tokens_own_peft_delta(base, adapters, smollm2_tokenizer, pattern, path, product):
     """Every projection of every step shape (one adapter, mixed, long and even) is its base plus PEFT's
-    delta for each token's adapter, none for the base's tokens; the product the step takes is the one named."""
+    delta for each token's adapter, none for the base's tokens, through each product; the product the step
+    takes is the one named (the native kernel: every mixed step, and one adapter's up to 16 tokens)."""
     folders = {name: folder for name, (folder, _) in adapters.items()}
     harness = LoraHarness(base, smollm2_tokenizer, folders)
     bank, residency = harness.engine.loras.bank, harness.engine.loras.residency
-    if onednn and not uses_onednn(bank.device, bank.dtype):
+    if product == "onednn" and not uses_onednn(bank.device, bank.dtype):
         pytest.skip("no oneDNN here")
-    bank.use_onednn(onednn)
+    if product == "native" and not native.serves(bank.device, bank.dtype):
+        pytest.skip("the native LoRA kernel does not run here")
+    bank.use_product(product)
+    assert bank.product == product
     slots = {name: residency.acquire(name) for name in "abcd"}
     token_slots = [0 if c == "-" else slots[c] for c in pattern]
     step = bank.step_for(token_slots)
-    taken = "single" if step.single else "padded" if step.padded is not None else "stacked"
-    assert taken == (path if not onednn or path == "single" else "stacked")
+    taken = "native" if step.token_slots is not None else "single" if step.single else (
+        "padded" if step.padded is not None else "stacked")  # fmt: skip
+    if product == "native":
+        path = "single" if path == "single" and len(pattern) > NATIVE_SINGLE_TOKENS else "native"
+    elif product == "onednn" and path != "single":
+        path = "stacked"
+    assert taken == path
     generator = torch.Generator().manual_seed(len(pattern))
     for name, linear in bank.linears.items():
         x = torch.randn(len(token_slots), linear.in_features, generator=generator)

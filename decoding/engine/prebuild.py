@@ -60,6 +60,10 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
         from decoding.model.quantization import block_matrix
 
         operators.append(block_matrix.isa)
+    if config.serves_loras:
+        from decoding.model.lora import native
+
+        operators.append(native.available)
     # all at once: measured, a first gguf --compile start was ready 3 s sooner than with the block
     # operator and inductor's set-up one after the other (the compiler's processes share the cores)
     threads = [_start(job) for job in operators]

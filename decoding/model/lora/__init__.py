@@ -6,7 +6,16 @@ decides which adapters are resident and which KV rows use which.
 """
 
 from decoding.model.lora.adapter import LoraRefused, LoraWeights, read_adapter
-from decoding.model.lora.bank import LoraBank, LoraLinear
+from decoding.model.lora.bank import LoraBank, LoraLinear, lora_of
 from decoding.model.lora.residency import LoraInUse, LoraResidency
 
-__all__ = ["LoraBank", "LoraInUse", "LoraLinear", "LoraRefused", "LoraResidency", "LoraWeights", "read_adapter"]
+__all__ = [
+    "LoraBank",
+    "LoraInUse",
+    "LoraLinear",
+    "LoraRefused",
+    "LoraResidency",
+    "LoraWeights",
+    "lora_of",
+    "read_adapter",
+]

@@ -100,7 +100,7 @@ def grouped_delta(
 
 def uses_onednn(device: torch.device, dtype: torch.dtype) -> bool:
     """Whether oneDNN can run the stacked product here (a CPU, float32 or bfloat16): only on request
-    (``LoraBank.use_onednn``), ``torch.mm`` measured faster (the module's docstring)."""
+    (``LoraBank.use_product``), ``torch.mm`` measured faster (the module's docstring)."""
     return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and torch.backends.mkldnn.is_available()
 
 
