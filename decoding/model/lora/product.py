@@ -31,6 +31,25 @@ So a step whose tokens all use one adapter takes ``single`` (two products, no ma
 half of the stacked rows when padded) ``padded`` (``bank.GROUPED_TOKENS``). The zero adapter is not
 in the stack: a base token's mask row is all zeros.
 
+The native kernel (``native.add_deltas``, ``low_rank.cpp``: one call, each adapter's ``A`` and ``B``
+read once for its own tokens, a base token skipped) against them, same bench, session of
+2026-11-27 (machine otherwise idle; 1 thread / 2 threads, ms):
+
+    tokens                     stacked       padded        1 adapter    native
+    1, adapter 1                7.3 / 4.7    11.6 / 9.6    2.2 / 2.8    1.4 / 2.2
+    4, spread over 4            9.6 / 9.1    12.2 / 12.8         -       3.1 / 3.4
+    16, spread over 4          13.2 / 8.4    14.3 / 12.1         -       9.2 / 5.5
+    64, spread over 4          21.6 / 18.9   23.1 / 18.1         -      18.5 / 14.5
+    320, 4 runs of 80          94.6 / 61.2   81.8 / 47.3         -      70.1 / 41.3
+    21, one adapter + 1 base   13.6 / 10.3   21.5 / 17.3         -       5.1 / 4.6
+    64, one adapter                 -             -        6.7 / 7.4   13.2 / 10.1
+
+So where it runs (float32 on a CPU) every mixed step and a one-adapter step of up to 16 tokens take
+it (``bank.NATIVE_SINGLE_TOKENS``); a longer one-adapter chunk keeps ``single``, whose blocking wins.
+These figures are warm: in the engine the matrices come from memory between base weights, where a
+one-token step's 210 calls took ~2.4 ms of one thread (SmolLM2's 19.5 MB of rank-16 float32 ``A``
+and ``B`` at ~10 GB/s, plus ~2.5 us of dispatch a call) against ~5.3 ms through ``add_single``.
+
 All of them run through ``torch.mm``/``bmm`` on a CPU too. oneDNN (``add_stacked_onednn``, what the
 packed base linears use) was the earlier choice, against MKL's thread team fighting OpenMP's (a
 16-row step 5.6 s with ``mm`` in torch 2.5); measured again in the engine (torch 2.13, this machine,
