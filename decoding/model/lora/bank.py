@@ -31,8 +31,8 @@ import torch
 from torch import nn
 
 from decoding.model.anatomy import decoder_layers
-from decoding.model.lora import native
 from decoding.model.lora.adapter import LoraWeights
+from decoding.model.lora.native import add_deltas, serves
 from decoding.model.lora.product import (
     add_padded,
     add_single,
@@ -110,7 +110,7 @@ class LoraLinear:
         if step.token_slots is not None:  # first: the one-client decode step, where every microsecond shows
             if step.single is not None and self.singles[step.single[0]] is None:
                 return out
-            native.add_deltas(out, hidden.contiguous(), self.a_rows, self.b_stack, step.token_slots,
+            add_deltas(out, hidden.contiguous(), self.a_rows, self.b_stack, step.token_slots,
                               self.bank.stack_scales)  # fmt: skip
             return out
         x = hidden.reshape(-1, self.in_features)
@@ -183,7 +183,7 @@ class LoraBank:
         first = next(model.parameters())
         self.device = first.device
         self.dtype = first.dtype if first.dtype.is_floating_point else torch.float32
-        self.native = native.serves(self.device, self.dtype)  # the kernel runs here (float32 on a CPU)
+        self.native = serves(self.device, self.dtype)  # the kernel runs here (float32 on a CPU)
         self.product = "native" if self.native else "mm"  # use_product: the bench compares them
         self.scalings = [0.0] * self.num_slots
         self.stack_scales = torch.zeros(max_loras, dtype=self.dtype, device=self.device)  # by stack index
