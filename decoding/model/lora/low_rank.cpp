@@ -224,14 +224,14 @@ void add_deltas(Tensor out, const Tensor& x, const Tensor& a, const Tensor& b, c
     const int64_t tiles = (columns + UP_TILE - 1) / UP_TILE;
     const int64_t up_grain = bytes >= 32768 ? std::max<int64_t>(1, (tiles + threads - 1) / threads) : tiles;
     torch::stable::parallel_for(0, tiles, up_grain, [&](int64_t begin, int64_t end) {
-        for (int64_t tile = begin; tile < end; tile++)
-            for (const Group& g : groups) {
-                const float* bg = bs + g.slot * rank * columns;
+        for (const Group& g : groups) {  // one adapter's B at a time: its rows are the only streams in flight
+            const float* bg = bs + g.slot * rank * columns;
+            for (int64_t tile = begin; tile < end; tile++)
                 for (int64_t first = 0; first < static_cast<int64_t>(g.tokens.size()); first += UP_TOKENS)
                     up_tile(down, bg, outs, g.tokens.data() + first,
                             std::min<int64_t>(UP_TOKENS, g.tokens.size() - first), rank, columns, tile * UP_TILE,
                             scale[g.slot]);
-            }
+        }
     });
 }
 
