@@ -23,6 +23,7 @@ import shutil
 import stat
 import subprocess
 import tempfile
+import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
@@ -152,3 +153,26 @@ def build_operators(source: Path, stem: str, register: Callable[[], None] | None
         return Path(path)
 
     return build_and_load(source, flags, name, load=load, compiler=("CXX", "g++"), libraries=libraries)
+
+
+def build_once(
+    source: Path, stem: str, register: Callable[[], None] | None = None, unavailable: str = ""
+) -> Callable[[], bool]:
+    """An ``available()`` for one operator library: its first call builds and loads it
+    (``build_operators``), later calls answer from memory. Thread-safe: the start's background build
+    (``engine/prebuild``) and a first use may ask at once, and the second waits for the one build. A
+    library that cannot be built logs ``unavailable`` once (what runs instead) and answers False."""
+    state: list[bool] = []
+    lock = threading.Lock()
+
+    def available() -> bool:
+        if not state:
+            with lock:
+                if not state:
+                    built = build_operators(source, stem, register) is not None
+                    if not built:
+                        logger.warning("%s", unavailable or f"{stem} kernel unavailable")
+                    state.append(built)
+        return state[0]
+
+    return available

@@ -9,21 +9,14 @@ index of equal maxima, and a NaN's index where a row has one (``tests/test_fast_
 
 from __future__ import annotations
 
-import logging
-import threading
 from pathlib import Path
 
 import torch
 
-from decoding.kv.native_kernel import build_operators
-
-logger = logging.getLogger(__name__)
+from decoding.kv.native_kernel import build_once
 
 SOURCE = Path(__file__).with_name("row_argmax.cpp")
 SMALL_VOCABULARY = 4096  # below this torch's own argmax costs a few microseconds: not worth a build
-
-_state: list[bool] = []  # [built] once tried
-_loading = threading.Lock()
 
 
 def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
@@ -39,16 +32,4 @@ def argmax_rows(scores: torch.Tensor) -> torch.Tensor:
     return scores.argmax(dim=-1)
 
 
-def available() -> bool:
-    if not _state:
-        with _loading:
-            if not _state:
-                _state.append(_load())
-    return _state[0]
-
-
-def _load() -> bool:
-    if build_operators(SOURCE, "row_argmax") is None:
-        logger.warning("row argmax kernel unavailable: greedy picks use torch.argmax")
-        return False
-    return True
+available = build_once(SOURCE, "row_argmax", unavailable="row argmax kernel unavailable: greedy picks use torch.argmax")

@@ -187,7 +187,6 @@ class LoraBank:
         self.product = "native" if self.native else "mm"  # use_product: the bench compares them
         self.scalings = [0.0] * self.num_slots
         self.stack_scales = torch.zeros(max_loras, dtype=self.dtype, device=self.device)  # by stack index
-        self.ranks = [0] * self.num_slots
         self.current: LoraStep | None = None
         self.linears: dict[str, LoraLinear] = _wrap(model, self)
 
@@ -218,7 +217,6 @@ class LoraBank:
             linear.write(slot, None if weights is None else weights.matrices.get(name))
         self.scalings[slot] = 0.0 if weights is None else weights.scaling
         self.stack_scales[slot - 1] = self.scalings[slot]
-        self.ranks[slot] = 0 if weights is None else weights.rank
 
     def step_for(self, token_slots: list[int]) -> LoraStep | None:
         """The step of tokens whose adapters are ``token_slots`` (packed order); None when none has one."""

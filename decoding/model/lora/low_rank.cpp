@@ -14,9 +14,10 @@
 
    Shapes (float32, contiguous): out [T, O], x [T, I], a [S, I, R] (each adapter's A, rank R
    padded with zero columns), b [S, R, O], token_slots [T] int64, scales [S] float32. Threads are
-   PyTorch's: the down product's rows of A split between them (partial sums added in a fixed order),
-   the up product's output columns; how a linear splits depends on its shape and the thread count
-   alone, so a token's delta does not change with the other tokens of its step. */
+   PyTorch's (parallel_for over groups of tokens for the down product, over output columns for
+   the up product, each once a call holds enough work); every output element is summed in the same
+   order whatever the thread count or the other tokens of the call. Splitting one token's A rows
+   between threads too (partial sums) was measured within noise of one thread, and not kept. */
 #include <torch/csrc/stable/library.h>
 #include <torch/csrc/stable/ops.h>
 #include <torch/csrc/stable/tensor.h>
@@ -37,6 +38,7 @@ using torch::headeronly::ScalarType;
 
 constexpr int64_t TOKEN_TILE = 8;   // tokens whose accumulators share one read of A (or of B's columns)
 constexpr int64_t UP_TILE = 64;     // output columns one up-product task covers (four 16-lane vectors)
+constexpr int64_t UP_TOKENS = 4;    // tokens whose up-product accumulators share one read of B's tile
 
 struct Group {
     int64_t slot;
@@ -51,17 +53,16 @@ __mmask16 lanes(int64_t remaining) {
                                             : static_cast<__mmask16>((1u << remaining) - 1);
 }
 
-/* down[tok] = x[tok, i0:i1] @ A[i0:i1] for up to TOKEN_TILE tokens (rows i0..i1 of A: a thread's
-   share), 16 rank columns at a time; two partial sums per token (even and odd rows of A) so one token
-   still has two independent FMA chains. */
+/* down[tok] = x[tok] @ A for up to TOKEN_TILE tokens, 16 rank columns at a time; two partial sums per
+   token (even and odd rows of A) so one token still has two independent FMA chains. */
 void down_tile(const float* x, const float* a, float* down, const int64_t* tokens, int64_t count, int64_t in,
-               int64_t rank, int64_t i0, int64_t i1) {
+               int64_t rank) {
     for (int64_t c = 0; c < rank; c += 16) {
         const __mmask16 mask = lanes(rank - c);
         __m512 even[TOKEN_TILE], odd[TOKEN_TILE];
         for (int64_t t = 0; t < count; t++) even[t] = odd[t] = _mm512_setzero_ps();
-        int64_t i = i0;
-        for (; i + 2 <= i1; i += 2) {
+        int64_t i = 0;
+        for (; i + 2 <= in; i += 2) {
             const __m512 a0 = _mm512_maskz_loadu_ps(mask, a + i * rank + c);
             const __m512 a1 = _mm512_maskz_loadu_ps(mask, a + (i + 1) * rank + c);
             for (int64_t t = 0; t < count; t++) {
@@ -70,7 +71,7 @@ void down_tile(const float* x, const float* a, float* down, const int64_t* token
                 odd[t] = _mm512_fmadd_ps(_mm512_set1_ps(row[1]), a1, odd[t]);
             }
         }
-        if (i < i1) {
+        if (i < in) {
             const __m512 a0 = _mm512_maskz_loadu_ps(mask, a + i * rank + c);
             for (int64_t t = 0; t < count; t++)
                 even[t] = _mm512_fmadd_ps(_mm512_set1_ps(x[tokens[t] * in + i]), a0, even[t]);
@@ -108,17 +109,15 @@ void up_tile(const float* down, const float* b, float* out, const int64_t* token
     }
 }
 
-constexpr int64_t UP_TOKENS = 4;
-
 #else
 
 void down_tile(const float* x, const float* a, float* down, const int64_t* tokens, int64_t count, int64_t in,
-               int64_t rank, int64_t i0, int64_t i1) {
+               int64_t rank) {
     for (int64_t t = 0; t < count; t++) {
         float* d = down + tokens[t] * rank;
         const float* row = x + tokens[t] * in;
         std::fill(d, d + rank, 0.0f);
-        for (int64_t i = i0; i < i1; i++) {
+        for (int64_t i = 0; i < in; i++) {
             const float v = row[i];
             const float* a_row = a + i * rank;
             for (int64_t r = 0; r < rank; r++) d[r] += v * a_row[r];
@@ -140,8 +139,6 @@ void up_tile(const float* down, const float* b, float* out, const int64_t* token
         for (int64_t o = o0; o < o1; o++) dst[o] += scale * acc[o - o0];
     }
 }
-
-constexpr int64_t UP_TOKENS = 4;
 
 #endif
 
@@ -186,6 +183,8 @@ void add_deltas(Tensor out, const Tensor& x, const Tensor& a, const Tensor& b, c
     const float* bs = static_cast<const float*>(b.data_ptr());
     const float* scale = static_cast<const float*>(scales.data_ptr());
     float* outs = static_cast<float*>(out.data_ptr());
+    std::vector<float> down(tokens * rank);
+
     struct Task {
         const Group* group;
         int64_t first, count;
@@ -194,41 +193,23 @@ void add_deltas(Tensor out, const Tensor& x, const Tensor& a, const Tensor& b, c
     for (const Group& g : groups)
         for (int64_t first = 0; first < static_cast<int64_t>(g.tokens.size()); first += TOKEN_TILE)
             downs.push_back({&g, first, std::min<int64_t>(TOKEN_TILE, g.tokens.size() - first)});
-    // A few tokens' product is a read of A and B, bound by memory: with more threads than one, each
-    // reads its share of A's rows (partial sums, added after) and of B's columns. An adapter's matrices
-    // under ~32 KB stay on one thread (a fork and join would cost more than the share saves). The split
-    // depends on the linear and the thread count only, never on the other tokens of the call: a token's
-    // delta is the same whatever shares its step.
-    const int64_t threads = static_cast<int64_t>(torch::stable::get_num_threads());
-    const int64_t bytes = rank * (in + columns) * 4;
-    const int64_t parts = bytes >= 32768 ? std::max<int64_t>(1, std::min<int64_t>(threads, in / 64)) : 1;
-    std::vector<float> partial(parts * tokens * rank);
-    const int64_t items = static_cast<int64_t>(downs.size()) * parts;
-    torch::stable::parallel_for(0, items, parts > 1 ? 1 : items, [&](int64_t begin, int64_t end) {
+    // a task is worth a thread from ~16 tokens' work of a 576-wide input at rank 16
+    const int64_t down_grain = std::max<int64_t>(1, 150000 / std::max<int64_t>(1, TOKEN_TILE * in * rank));
+    torch::stable::parallel_for(0, static_cast<int64_t>(downs.size()), down_grain, [&](int64_t begin, int64_t end) {
         for (int64_t k = begin; k < end; k++) {
-            const Task& task = downs[k / parts];
-            const int64_t part = k % parts;
-            const int64_t i0 = in * part / parts, i1 = in * (part + 1) / parts;
-            down_tile(xs, as + task.group->slot * in * rank, partial.data() + part * tokens * rank,
-                      task.group->tokens.data() + task.first, task.count, in, rank, i0, i1);
+            const Task& task = downs[k];
+            down_tile(xs, as + task.group->slot * in * rank, down.data(), task.group->tokens.data() + task.first,
+                      task.count, in, rank);
         }
     });
-    std::vector<float> summed;
-    const float* down = partial.data();
-    if (parts > 1) {  // every token's partial rows summed in part order
-        summed.assign(partial.begin(), partial.begin() + tokens * rank);
-        for (int64_t part = 1; part < parts; part++)
-            for (int64_t j = 0; j < tokens * rank; j++) summed[j] += partial[part * tokens * rank + j];
-        down = summed.data();
-    }
     const int64_t tiles = (columns + UP_TILE - 1) / UP_TILE;
-    const int64_t up_grain = bytes >= 32768 ? std::max<int64_t>(1, (tiles + threads - 1) / threads) : tiles;
+    const int64_t up_grain = std::max<int64_t>(1, 150000 / std::max<int64_t>(1, tokens * rank * UP_TILE));
     torch::stable::parallel_for(0, tiles, up_grain, [&](int64_t begin, int64_t end) {
         for (const Group& g : groups) {  // one adapter's B at a time: its rows are the only streams in flight
             const float* bg = bs + g.slot * rank * columns;
             for (int64_t tile = begin; tile < end; tile++)
                 for (int64_t first = 0; first < static_cast<int64_t>(g.tokens.size()); first += UP_TOKENS)
-                    up_tile(down, bg, outs, g.tokens.data() + first,
+                    up_tile(down.data(), bg, outs, g.tokens.data() + first,
                             std::min<int64_t>(UP_TOKENS, g.tokens.size() - first), rank, columns, tile * UP_TILE,
                             scale[g.slot]);
         }

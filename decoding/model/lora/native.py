@@ -6,20 +6,14 @@ model does not compute in float32 on a CPU, the bank keeps its ``torch.mm`` prod
 
 from __future__ import annotations
 
-import logging
-import threading
 from pathlib import Path
 
 import torch
 
-from decoding.kv.native_kernel import build_operators
-
-logger = logging.getLogger(__name__)
+from decoding.kv.native_kernel import build_once
 
 SOURCE = Path(__file__).with_name("low_rank.cpp")
 
-_state: list[bool] = []  # [built] once tried
-_loading = threading.Lock()
 _ADD: list = []  # [torch.ops.decoda_lora.add_deltas.default] once loaded: skips the packet's lookup
 
 
@@ -36,20 +30,10 @@ def serves(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and available()
 
 
-def available() -> bool:
-    if not _state:
-        with _loading:  # one build: the start's background build and the bank may ask at once
-            if not _state:
-                _state.append(_load())
-    return _state[0]
-
-
-def _load() -> bool:
-    if build_operators(SOURCE, "low_rank", _register_fake) is None:
-        logger.warning("LoRA kernel unavailable: adapters' deltas use torch.mm at every step")
-        return False
-    return True
-
-
-def _register_fake() -> None:
+def _register() -> None:
     _ADD.append(torch.ops.decoda_lora.add_deltas.default)
+
+
+available = build_once(
+    SOURCE, "low_rank", _register, "LoRA kernel unavailable: adapters' deltas use torch.mm at every step"
+)
