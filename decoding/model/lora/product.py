@@ -36,13 +36,13 @@ read once for its own tokens, a base token skipped) against them, same bench, se
 2026-11-27 (machine otherwise idle; 1 thread / 2 threads, ms):
 
     tokens                     stacked       padded        1 adapter    native
-    1, adapter 1                7.3 / 4.7    11.6 / 9.6    2.2 / 2.8    1.4 / 2.2
-    4, spread over 4            9.6 / 9.1    12.2 / 12.8         -       3.1 / 3.4
-    16, spread over 4          13.2 / 8.4    14.3 / 12.1         -       9.2 / 5.5
-    64, spread over 4          21.6 / 18.9   23.1 / 18.1         -      18.5 / 14.5
-    320, 4 runs of 80          94.6 / 61.2   81.8 / 47.3         -      70.1 / 41.3
-    21, one adapter + 1 base   13.6 / 10.3   21.5 / 17.3         -       5.1 / 4.6
-    64, one adapter                 -             -        6.7 / 7.4   13.2 / 10.1
+    1, adapter 1                7.3 / 4.9    11.6 / 9.9    2.2 / 2.9    1.4 / 1.6
+    4, spread over 4            9.6 / 6.4    12.2 / 11.5         -       3.1 / 3.3
+    16, spread over 4          13.2 / 8.9    14.3 / 14.7         -       9.2 / 5.2
+    64, spread over 4          21.6 / 24.8   23.1 / 19.7         -      18.5 / 12.1
+    320, 4 runs of 80          94.6 / 74.8   81.8 / 53.1         -      70.1 / 46.6
+    21, one adapter + 1 base   13.6 / 12.1   21.5 / 19.0         -       5.1 / 6.6
+    64, one adapter                 -             -        6.7 / 8.4   13.2 / 11.7
 
 So where it runs (float32 on a CPU) every mixed step and a one-adapter step of up to 16 tokens take
 it (``bank.NATIVE_SINGLE_TOKENS``); a longer one-adapter chunk keeps ``single``, whose blocking wins.
