@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from fastapi import APIRouter
 
-from server.api import custom_generate, health, models, presets
+from server.api import custom_generate, health, models, presets, version
 from server.api.chat import protocol as chat_protocol
 from server.api.chat import route as chat_route
 from server.api.completions import protocol as completions_protocol
@@ -41,7 +41,9 @@ class Api:
 
 APIS: tuple[Api, ...] = (
     Api(health.router),
-    Api(models.router, {"/v1/models": ("401", "429", "500", "503")}),
+    Api(version.router),
+    Api(models.router, {"/v1/models": ("401", "429", "500", "503"),
+                        "/v1/models/{model_id}": ("401", "404", "429", "500", "503")}),
     Api(completions_route.router, {"/v1/completions": GENERATION_ERRORS},
         (completions_protocol.CompletionRequest,)),
     Api(chat_route.router, {"/v1/chat/completions": GENERATION_ERRORS},

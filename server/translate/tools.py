@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator
 
 from decoding import ParameterError
 from decoding.params import check_size
@@ -56,6 +58,42 @@ class NamedToolChoice(Strict):
 
 
 ToolChoice = Literal["none", "auto", "required"] | NamedToolChoice
+
+CUSTOM_TOOLS = ("custom tools (free-form input) are not served: this server's tools are functions whose arguments "
+                "are a JSON object; offer a function tool")  # fmt: skip
+
+
+def functions_only(value: Any) -> Any:  # noqa: ANN401
+    """A chat tool, tool call or tool_choice of type ``custom`` is a 400 at its own path."""
+    if isinstance(value, dict) and value.get("type") == "custom":
+        raise ParameterError(CUSTOM_TOOLS)
+    return value
+
+
+class AllowedTools(Strict):
+    """Chat's ``allowed_tools``: which of the offered tools may be called (``mode``: may or must)."""
+
+    mode: Literal["auto", "required"]
+    tools: list[Annotated[NamedToolChoice, BeforeValidator(functions_only)]]
+
+
+class AllowedToolsChoice(Strict):
+    type: Literal["allowed_tools"]
+    allowed_tools: AllowedTools
+
+
+ChatTool = Annotated[Tool, BeforeValidator(functions_only)]
+ChatToolChoice = Annotated[ToolChoice | AllowedToolsChoice, BeforeValidator(functions_only)]
+
+
+def allowed_subset(tools: list[Tool], names: list[str], param: str = "tool_choice") -> list[Tool]:
+    """OpenAI's ``allowed_tools`` choice: the tools it names, the only ones offered to the model (shown by
+    the template and callable through the grammar); a name that is not among the tools is a 400."""
+    offered = [tool.function.name for tool in tools]
+    unknown = [name for name in names if name not in offered]
+    if unknown:
+        raise ParameterError(f"{param} allows tool '{unknown[0]}', which is not among the tools {offered}", param=param)
+    return [tool for tool in tools if tool.function.name in names]
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,7 @@ from pydantic import BeforeValidator, Discriminator, Tag
 
 from decoding import ParameterError
 from server.translate.strict import Strict
+from server.translate.tools import functions_only
 
 TEXT_ONLY = "this server serves a text-only model"
 UNSERVED_PARTS = ("image_url", "input_audio", "file")  # OpenAI's parts a text-only model cannot read
@@ -93,7 +94,8 @@ class ChatMessage(Strict):
     role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: str | list[ContentPart] | None = None
     name: str | None = None  # the participant's name, or the function a legacy "function" turn answers
-    tool_calls: list[MessageToolCall] | None = None  # an assistant turn that called tools
+    # an assistant turn that called tools (a custom tool's call is refused: not served)
+    tool_calls: list[Annotated[MessageToolCall, BeforeValidator(functions_only)]] | None = None
     tool_call_id: str | None = None  # a tool turn: which call it answers
     refusal: str | None = None  # an assistant turn that refused: its text when it has no content
     function_call: CalledFunction | None = None  # legacy: an assistant turn that called one function

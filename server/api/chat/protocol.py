@@ -5,8 +5,9 @@ field): honoured (``prediction``, OpenAI's Predicted Outputs: the draft prompt l
 searches first), accepted as the hint OpenAI documents it to be (``RequestHints``, and here
 ``reasoning_effort``, ``verbosity``; each comment says why it has nothing to do here), or refused
 because a text-only model cannot do it (``audio``, ``modalities`` with audio,
-``web_search_options``, ``moderation``). The legacy ``functions`` / ``function_call`` are read as
-``tools`` / ``tool_choice``. The messages themselves are ``server.api.chat.messages``.
+``web_search_options``, ``moderation``) or a custom (free-form) tool. ``tool_choice``
+``allowed_tools`` offers only the tools it names. The legacy ``functions`` / ``function_call`` are
+read as ``tools`` / ``tool_choice``. The messages themselves are ``server.api.chat.messages``.
 
 Its translation is the shared one (``server.translate.params``) with chat's default length, what
 the context leaves after the rendered prompt (``with_context_default``, once the template ran), and
@@ -28,7 +29,18 @@ from server.translate.fields import GenerationFields, RequestHints
 from server.translate.params import to_params
 from server.translate.strict import Strict
 from server.translate.template_kwargs import TemplateKwargs
-from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
+from server.translate.tools import (
+    AllowedToolsChoice,
+    ChatTool,
+    ChatToolChoice,
+    FunctionDefinition,
+    FunctionName,
+    NamedToolChoice,
+    Tool,
+    ToolChoice,
+    ToolUse,
+    allowed_subset,
+)
 
 
 def _refused(what: str, reason: str) -> Any:  # noqa: ANN401
@@ -64,8 +76,8 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
-    tools: list[Tool] | None = None
-    tool_choice: ToolChoice | None = None
+    tools: list[ChatTool] | None = None  # function tools (custom tools are refused: not served)
+    tool_choice: ChatToolChoice | None = None  # allowed_tools offers only the tools it names
     parallel_tool_calls: bool | None = None
     # legacy function calling (OpenAI's before tools): tools of type function and their tool_choice
     functions: list[FunctionDefinition] | None = None
@@ -108,7 +120,11 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
             return _legacy_tool_use(self.functions or [], self.function_call)
         if self.tools is None and self.tool_choice is None:
             return None
-        return ToolUse(list(self.tools or []), self.tool_choice, self.parallel_tool_calls is not False)
+        tools, choice = list(self.tools or []), self.tool_choice
+        if isinstance(choice, AllowedToolsChoice):
+            names = [named.function.name for named in choice.allowed_tools.tools]
+            tools, choice = allowed_subset(tools, names), choice.allowed_tools.mode
+        return ToolUse(tools, choice, self.parallel_tool_calls is not False)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         tool_use = self.tool_use()

@@ -11,7 +11,9 @@ The served model reads text only and runs no server tools: image, document and o
 server tools' blocks and thinking blocks are 400s naming their path (``messages[0].content[1]``), as
 is a conversation that ends with an assistant turn (Anthropic's prefill: the chat template here
 starts a new assistant turn, so the reply could not continue that text). ``cache_control`` marks are
-hints: the prefix cache keeps every prompt's blocks without being asked.
+hints: the prefix cache keeps every prompt's blocks without being asked. A ``tool_use`` block the
+SDK replays carries ``caller`` and ``toolset_name``: accepted null (or a direct caller), refused when
+they name a code-execution caller or a server toolset (``server.translate.unserved``).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pydantic import BeforeValidator, Discriminator, Tag
 
 from decoding import ParameterError
 from server.translate.strict import Strict
+from server.translate.unserved import Caller, Toolset
 
 TEXT_ONLY = "this server serves a text-only model"
 SERVER_TOOL_BLOCKS = ("server_tool_use", "mcp_tool_use", "mcp_tool_result", "container_upload")
@@ -57,10 +60,12 @@ def _served_block(block: Any) -> Any:  # noqa: ANN401
     raise ParameterError(f"{TEXT_ONLY}: {kind} content blocks are not supported (send text blocks)")
 
 
-def _kind(*tags: str) -> Any:  # noqa: ANN401
+def _kind(**tags: str) -> Any:  # noqa: ANN401
+    """The union member's tag for a block's ``type`` (a class name, which error paths leave out)."""
+
     def kind(block: Any) -> str | None:  # noqa: ANN401
         found = block.get("type") if isinstance(block, dict) else getattr(block, "type", None)
-        return found if found in tags else None
+        return tags.get(found) if isinstance(found, str) else None
 
     return kind
 
@@ -76,6 +81,8 @@ class ToolUseBlock(Strict):
     name: str
     input: dict[str, Any]
     cache_control: CacheControl | None = None
+    caller: Caller = None  # the model's own call (null or direct); a code-execution tool's is not served
+    toolset_name: Toolset = None
 
 
 class ToolResultBlock(Strict):
@@ -86,6 +93,7 @@ class ToolResultBlock(Strict):
     content: str | list[ResultContent] | None = None
     is_error: bool | None = None
     cache_control: CacheControl | None = None
+    toolset_name: Toolset = None
 
     def text(self) -> str:
         text = self.content if isinstance(self.content, str) else "".join(b.text for b in self.content or [])
@@ -93,9 +101,10 @@ class ToolResultBlock(Strict):
 
 
 ContentBlock = Annotated[
-    Annotated[TextBlock, Tag("text")] | Annotated[ToolUseBlock, Tag("tool_use")]
-    | Annotated[ToolResultBlock, Tag("tool_result")],
-    Discriminator(_kind("text", "tool_use", "tool_result"), custom_error_type="invalid_content_block",
+    Annotated[TextBlock, Tag("TextBlock")] | Annotated[ToolUseBlock, Tag("ToolUseBlock")]
+    | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
+    Discriminator(_kind(text="TextBlock", tool_use="ToolUseBlock", tool_result="ToolResultBlock"),
+                  custom_error_type="invalid_content_block",
                   custom_error_message="a content block's type must be 'text', 'tool_use' or 'tool_result'"),
     BeforeValidator(_served_block),
 ]  # fmt: skip

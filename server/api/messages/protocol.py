@@ -15,7 +15,10 @@ Refused with a 400 naming the field and saying why: server tools (a tool with an
 thinking), OpenAI's spellings of what Anthropic names otherwise (``stop``, ``user``,
 ``stream_options``), ``n`` above 1 (a message is one reply) and ``return_token_ids`` (a message has no
 place for them). ``metadata.user_id``, ``service_tier`` and ``cache_control`` are hints: one user, one
-tier and a prefix cache that keeps every prompt's blocks without being asked.
+tier and a prefix cache that keeps every prompt's blocks without being asked; so are a tool's
+``eager_input_streaming`` (a call's input streams once the parser has read it whole) and
+``input_examples`` (a chat template's tools have no place for them). A tool's ``defer_loading`` and
+non-direct ``allowed_callers`` are refused when set (``server.translate.unserved``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from server.translate.params import to_params
 from server.translate.strict import Strict
 from server.translate.structured import JsonSchemaFormat, OpenAIName, ResponseFormat, structured_output_of
 from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
+from server.translate.unserved import AllowedCallers, DeferLoading
 
 
 def _custom_tools_only(tool: Any) -> Any:  # noqa: ANN401
@@ -53,6 +57,10 @@ class CustomTool(Strict):
     input_schema: dict[str, Any]
     strict: bool | None = None  # as chat's: the call's objects admit only the properties they name
     cache_control: CacheControl | None = None
+    allowed_callers: AllowedCallers = None  # the model calls every tool itself (null or ["direct"])
+    defer_loading: DeferLoading = None
+    eager_input_streaming: bool | None = None  # a hint: a call's input streams once the parser has read it whole
+    input_examples: list[dict[str, Any]] | None = None  # not rendered: a chat template's tools have no place for them
 
     def as_chat_tool(self) -> Tool:
         function = FunctionDefinition(name=self.name, description=self.description, parameters=self.input_schema,

@@ -8,6 +8,13 @@ an ``id``), the shape ``GET /v1/responses/{id}/input_items`` lists and a continu
 replays, so the stored conversation and what the client sent read the same. The template gets what
 ``server.api.chat.messages`` gives chat's (roles, text, ``tool_calls`` with arguments as objects,
 tool turns with ``tool_call_id``), so one template renders both APIs.
+
+Every field the ``openai`` SDK's item types define is known, so its objects replay as dicts
+(``ResponseFunctionToolCall.model_dump(by_alias=True)``): a message's ``type`` may be left out or
+null, a replayed ``refusal`` part is the turn's text, a function's ``output`` may be ``input_text``
+parts, an output without ``call_id`` answers the oldest call still unanswered; ``async``,
+``created_by``, ``prompt_cache_breakpoint`` are no-ops; ``caller`` and ``namespace`` are refused when
+they ask for what is not served (``server.translate.unserved``), as are item references.
 """
 
 from __future__ import annotations
@@ -19,8 +26,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Discriminator, Field, Tag
 
 from decoding import ParameterError
-from server.api.chat.messages import TEXT_ONLY
+from server.api.chat.messages import TEXT_ONLY, PromptCacheBreakpoint
 from server.translate.strict import Strict
+from server.translate.unserved import Caller, Namespace
 
 UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # parts a text-only model cannot read
 
@@ -43,18 +51,43 @@ class TextContent(Strict):
     text: str
     annotations: list[dict[str, Any]] | None = None  # a reply's citations: not rendered
     logprobs: list[dict[str, Any]] | None = None  # a replayed reply's logprobs: not rendered
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # a hint: every prompt's blocks are cached
+
+
+class RefusalContent(Strict):
+    """A replayed reply's refusal: its text is the turn's text, as chat's refusal part."""
+
+    type: Literal["refusal"]
+    refusal: str
+
+
+def _part_kind(part: Any) -> str | None:  # noqa: ANN401
+    kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
+    return "RefusalContent" if kind == "refusal" else "TextContent" if isinstance(kind, str) else None
+
+
+ContentPart = Annotated[
+    Annotated[TextContent, Tag("TextContent")] | Annotated[RefusalContent, Tag("RefusalContent")],
+    Discriminator(_part_kind, custom_error_type="invalid_content_part",
+                  custom_error_message="a content part's type must be input_text, output_text or refusal"),
+    BeforeValidator(_served_part),
+]  # fmt: skip
+
+
+def part_text(part: TextContent | RefusalContent) -> str:
+    return part.text if isinstance(part, TextContent) else part.refusal
 
 
 class MessageItem(Strict):
-    type: Literal["message"] = "message"
+    type: Literal["message"] | None = "message"  # an EasyInputMessage may leave it out, or send it null
     role: Literal["user", "assistant", "system", "developer"]
-    content: str | list[Annotated[TextContent, BeforeValidator(_served_part)]]
+    content: str | list[ContentPart]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
 
     def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(part.text for part in self.content)
+        return self.content if isinstance(self.content, str) else "".join(part_text(part) for part in self.content)
 
     def stored(self) -> dict[str, Any]:
         kind = "output_text" if self.role == "assistant" else "input_text"
@@ -70,22 +103,42 @@ class FunctionCallItem(Strict):
     arguments: str  # a JSON object, as OpenAI sends it
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+    async_: bool | None = Field(default=None, alias="async")  # how a replayed call ran: nothing to render
+    caller: Caller = None  # the model's own call (null or direct); a program's is not served
+    namespace: Namespace = None
 
     def stored(self) -> dict[str, Any]:
         return {"id": self.id or new_id("fc"), "type": "function_call", "call_id": self.call_id, "name": self.name,
                 "arguments": self.arguments, "status": self.status or "completed"}  # fmt: skip
 
 
+class OutputText(Strict):
+    """A text part of a function's output (its image and file parts are not served: text-only model)."""
+
+    type: Literal["input_text"]
+    text: str
+    prompt_cache_breakpoint: PromptCacheBreakpoint | None = None  # a hint, as a message part's
+
+
 class FunctionCallOutputItem(Strict):
+    """A function's result; without ``call_id`` it answers the oldest call still unanswered (of its
+    ``name``, when given: ``template_messages``)."""
+
     type: Literal["function_call_output"]
-    call_id: str
-    output: str
+    call_id: str | None = None
+    output: str | list[Annotated[OutputText, BeforeValidator(_served_part)]]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
+    name: str | None = None  # the function that produced it
+    caller: Caller = None
+    namespace: Namespace = None
+    created_by: str | None = None  # who stored a replayed output item: nothing to render
 
     def stored(self) -> dict[str, Any]:
+        output = self.output if isinstance(self.output, str) else "".join(part.text for part in self.output)
         return {"id": self.id or new_id("fco"), "type": "function_call_output", "call_id": self.call_id,
-                "output": self.output, "status": self.status or "completed"}  # fmt: skip
+                "output": output, "status": self.status or "completed",
+                **({"name": self.name} if self.name is not None else {})}  # fmt: skip
 
 
 class ReasoningItem(Strict):
@@ -110,12 +163,15 @@ ITEM_KINDS = {"message": "MessageItem", "function_call": "FunctionCallItem",
 
 def _item_kind(item: Any) -> str | None:  # noqa: ANN401
     """An item's model by its ``type``; a message may leave it out (an EasyInputMessage)."""
-    kind = item.get("type", "message") if isinstance(item, dict) else getattr(item, "type", None)
+    kind = (item.get("type") if isinstance(item, dict) else getattr(item, "type", None)) or "message"
     return ITEM_KINDS.get(kind) if isinstance(kind, str) else None
 
 
 def _served_item(item: Any) -> Any:  # noqa: ANN401
-    kind = item.get("type", "message") if isinstance(item, dict) else None
+    kind = (item.get("type") or "message") if isinstance(item, dict) else None
+    if kind == "item_reference" or (kind == "message" and "id" in item and "role" not in item):  # type is optional
+        raise ParameterError("item references are not served: send the item itself, or continue a stored "
+                             "conversation with previous_response_id")  # fmt: skip
     if isinstance(kind, str) and kind not in ITEM_KINDS:
         raise ParameterError(f"input items of type '{kind}' are not supported here; send message, function_call, "
                              "function_call_output or reasoning items")  # fmt: skip
@@ -155,8 +211,10 @@ def item_texts(item: dict[str, Any]) -> list[str]:
 
 def template_messages(instructions: str | None, items: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The conversation as chat-template messages: the instructions as the system turn, each message
-    a turn, a run of function calls one assistant turn's ``tool_calls``, each output a tool turn."""
+    a turn, a run of function calls one assistant turn's ``tool_calls``, each output a tool turn (an
+    output without ``call_id`` answers the oldest call still unanswered, of its ``name`` when given)."""
     messages: list[dict[str, Any]] = [{"role": "system", "content": instructions}] if instructions else []
+    ids = call_ids(items)
     for index, item in enumerate(items):
         if item["type"] == "message":
             role = "system" if item["role"] == "developer" else item["role"]
@@ -172,10 +230,32 @@ def template_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
             else:
                 messages.append({"role": "assistant", "content": "", "tool_calls": [call]})
         else:
-            messages.append({"role": "tool", "tool_call_id": item["call_id"], "content": item["output"]})
+            turn = {"role": "tool", "tool_call_id": ids[index], "content": item["output"], "name": item.get("name")}
+            messages.append({key: value for key, value in turn.items() if value is not None})
     if not messages or messages[-1]["role"] == "system":
         raise ParameterError("input must hold at least one message or function_call_output", param="input")
     return messages
+
+
+def call_ids(items: list[dict[str, Any]]) -> list[str | None]:
+    """Each item's call: a function call's own ``call_id``, the one a function's output answers (its
+    ``call_id``, or without one the oldest call still unanswered, of its ``name`` when given), None
+    for the rest; the template and truncation (which keeps a call with its outputs) read the same."""
+    unanswered: list[tuple[str, str]] = []  # (call_id, name) of the calls no output answered yet
+    ids: list[str | None] = []
+    for item in items:
+        call_id = item.get("call_id") if item["type"] in ("function_call", "function_call_output") else None
+        if item["type"] == "function_call":
+            unanswered.append((item["call_id"], item["name"]))
+        elif item["type"] == "function_call_output":
+            name = item.get("name")
+            answered = [call for call in unanswered if call[0] == call_id] if call_id is not None else \
+                [call for call in unanswered if name is None or call[1] == name][:1]  # fmt: skip
+            for call in answered:
+                unanswered.remove(call)
+            call_id = call_id if call_id is not None else answered[0][0] if answered else None
+        ids.append(call_id)
+    return ids
 
 
 def _arguments(text: str, index: int) -> object:

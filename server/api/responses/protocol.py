@@ -8,12 +8,17 @@ tools, ``text.format`` becomes chat's ``response_format`` (the same constraint p
 ``openai`` client's ``responses.parse`` works), ``top_logprobs`` with ``include:
 ["message.output_text.logprobs"]`` chat's logprobs.
 
+``tool_choice`` ``allowed_tools`` offers only the function tools it names (``allowed_subset``). A
+function tool's ``output_schema`` is not rendered (templates show its ``parameters``).
+
 Refused with a 400 naming the field and saying why: tool types other than function (this server
-runs no hosted tools), ``background`` with ``store: false`` (a background response is polled by id),
-``n`` above 1 (a response has one output), chat's ``response_format`` (``text.format`` is this
-API's spelling). ``truncation: "auto"`` drops the conversation's oldest items until it fits
-(``server.api.responses.truncation``); ``"disabled"``, the default, keeps a conversation that does
-not fit a 400.
+runs no hosted tools; custom tools' free-form input is not served) and tool choices naming them, a
+function tool's ``async``, ``defer_loading`` and non-direct ``allowed_callers`` when set, a
+``conversation`` (OpenAI's Conversations API; ``previous_response_id`` chains here), ``background``
+with ``store: false`` (a background response is polled by id), ``n`` above 1 (a response has one
+output), chat's ``response_format`` (``text.format`` is this API's spelling). ``truncation: "auto"``
+drops the conversation's oldest items until it fits (``server.api.responses.truncation``);
+``"disabled"``, the default, keeps a conversation that does not fit a 400.
 """
 
 from __future__ import annotations
@@ -38,17 +43,45 @@ from server.translate.structured import (
     ResponseFormat,
     structured_output_of,
 )
-from server.translate.tools import FunctionDefinition, FunctionName, NamedToolChoice, Tool, ToolChoice, ToolUse
+from server.translate.tools import (
+    CUSTOM_TOOLS,
+    FunctionDefinition,
+    FunctionName,
+    NamedToolChoice,
+    Tool,
+    ToolChoice,
+    ToolUse,
+    allowed_subset,
+)
+from server.translate.unserved import AllowedCallers, DeferLoading, refused_unless_null, refused_when_true
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 
 
 def _function_tools_only(tool: Any) -> Any:  # noqa: ANN401
+    """A tool of another type is a 400 at its own path (``tools[1]``)."""
     kind = tool.get("type") if isinstance(tool, dict) else None
+    if kind == "custom":
+        raise ParameterError(CUSTOM_TOOLS)
     if isinstance(kind, str) and kind != "function":
         raise ParameterError(f"tools of type '{kind}' are not supported: this server runs no hosted tools; "
-                             "offer a function tool and run it yourself", param="tools")  # fmt: skip
+                             "offer a function tool and run it yourself")  # fmt: skip
     return tool
+
+
+def _function_choices_only(choice: Any) -> Any:  # noqa: ANN401
+    """A ``tool_choice`` (or an allowed tool) naming another kind of tool than a function is a 400."""
+    kind = choice.get("type") if isinstance(choice, dict) else None
+    if kind == "custom":
+        raise ParameterError(CUSTOM_TOOLS)
+    if isinstance(kind, str) and kind not in ("function", "allowed_tools"):
+        raise ParameterError(f"a tool_choice of type '{kind}' is not supported: this server runs no hosted tools; "
+                             "choose a function tool")  # fmt: skip
+    return choice
+
+
+SyncOnly = refused_when_true("an async function tool", "the model waits for each call's output, which the client "
+                             "sends in the next request")  # fmt: skip
 
 
 class FunctionTool(Strict):
@@ -57,6 +90,15 @@ class FunctionTool(Strict):
     description: str | None = None
     parameters: dict[str, Any] | None = None
     strict: bool | None = None
+    output_schema: dict[str, Any] | None = None  # what the function returns: not rendered (templates show parameters)
+    allowed_callers: AllowedCallers = None  # the model calls every tool itself (null or ["direct"])
+    defer_loading: DeferLoading = None
+    async_: SyncOnly = Field(default=None, alias="async")
+
+    def echo(self) -> dict[str, Any]:
+        """The tool as a response repeats it: OpenAI's fields, the ones it may leave out only when set."""
+        optional = ("output_schema", "allowed_callers", "defer_loading", "async")
+        return {k: v for k, v in self.model_dump(by_alias=True).items() if v is not None or k not in optional}
 
     def as_chat_tool(self) -> Tool:
         function = FunctionDefinition(name=self.name, description=self.description, parameters=self.parameters,
@@ -67,6 +109,18 @@ class FunctionTool(Strict):
 class FunctionChoice(Strict):
     type: Literal["function"]
     name: OpenAIName
+
+
+class AllowedToolsChoice(Strict):
+    """``allowed_tools``: only the function tools it names are offered (``mode``: may or must call one)."""
+
+    type: Literal["allowed_tools"]
+    mode: Literal["auto", "required"]
+    tools: list[Annotated[FunctionChoice, BeforeValidator(_function_choices_only)]]
+
+
+ResponsesToolChoice = Annotated[Literal["none", "auto", "required"] | FunctionChoice | AllowedToolsChoice,
+                                BeforeValidator(_function_choices_only)]  # fmt: skip
 
 
 class TextFormat(Strict):
@@ -93,29 +147,60 @@ class TextOptions(Strict):
     verbosity: Literal["low", "medium", "high"] | None = None  # a hint: max_output_tokens bounds a reply
 
 
+def _no_earlier_reasoning(value: Any) -> Any:  # noqa: ANN401
+    if value == "all_turns":
+        raise ParameterError("reasoning from earlier turns is not served: the chat template drops a replayed "
+                             'reasoning item (send "auto" or "current_turn")')  # fmt: skip
+    return value
+
+
+ReasoningContext = Annotated[
+    Literal["auto", "current_turn", "all_turns"] | None, BeforeValidator(_no_earlier_reasoning)
+]
+
+
 class Reasoning(Strict):
     """A hint for reasoning models: the served model has no separate reasoning phase to bound."""
 
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
     summary: Literal["auto", "concise", "detailed"] | None = None
     generate_summary: Literal["auto", "concise", "detailed"] | None = None
+    mode: str | None = None  # OpenAI's "standard" or "pro" reasoning: a hint, as effort
+    # which turns' reasoning the model reads: this one's (an earlier turn's reasoning item is not rendered)
+    context: ReasoningContext = None
 
 
-class ResponsesRequest(GenerationFields, RequestHints):
+class ConversationRef(Strict):
+    id: str
+
+
+# OpenAI's Conversations API (a server-kept conversation a response joins): previous_response_id chains here
+NoConversation = refused_unless_null("conversation (OpenAI's Conversations API)", "continue a conversation with "
+                                     "previous_response_id", kind=str | ConversationRef)  # fmt: skip
+
+
+class ResponsesPrompt(Strict):
+    """What a response's prompt is made of: shared by a response and its input token count
+    (``/v1/responses/input_tokens``), so the count is the prompt a response with the same fields reads."""
+
     input: str | list[InputItem] = Field(default_factory=list)
     instructions: str | None = None
     previous_response_id: str | None = None
-    store: bool | None = True  # OpenAI's default (null too): the response can be retrieved and continued
-    background: bool | None = None
+    conversation: NoConversation = None
     tools: list[Annotated[FunctionTool, BeforeValidator(_function_tools_only)]] | None = None
-    tool_choice: Literal["none", "auto", "required"] | FunctionChoice | None = None
+    tool_choice: ResponsesToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextOptions | None = None
+    truncation: Literal["auto", "disabled"] | None = None
+    reasoning: Reasoning | None = None
+
+
+class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
+    store: bool | None = True  # OpenAI's default (null too): the response can be retrieved and continued
+    background: bool | None = None
     max_output_tokens: int | None = None
     top_logprobs: int | None = None
     include: list[str] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
-    reasoning: Reasoning | None = None
 
     def params(self, model_defaults: dict[str, Any] | None, max_model_len: int = 1 << 30) -> GenerationParams:
         """Validated params; as chat's, the default length is what the context leaves once rendered."""
@@ -145,11 +230,14 @@ class ResponsesRequest(GenerationFields, RequestHints):
         if self.tools is None and self.tool_choice is None:
             return None
         choice: ToolChoice | None
+        tools = [tool.as_chat_tool() for tool in self.tools or []]
         if isinstance(self.tool_choice, FunctionChoice):
             choice = NamedToolChoice(type="function", function=FunctionName(name=self.tool_choice.name))
+        elif isinstance(self.tool_choice, AllowedToolsChoice):
+            tools = allowed_subset(tools, [allowed.name for allowed in self.tool_choice.tools])
+            choice = self.tool_choice.mode
         else:
             choice = self.tool_choice
-        tools = [tool.as_chat_tool() for tool in self.tools or []]
         return ToolUse(tools, choice, self.parallel_tool_calls is not False)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
@@ -186,7 +274,8 @@ class ResponsesRequest(GenerationFields, RequestHints):
 
     def echo(self) -> dict[str, Any]:
         """What a response object repeats of its request."""
-        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, FunctionChoice) else self.tool_choice
+        choice = self.tool_choice.model_dump() if isinstance(self.tool_choice, FunctionChoice | AllowedToolsChoice) \
+            else self.tool_choice  # fmt: skip
         text_format = self.text.format.model_dump(by_alias=True, exclude_none=True) if self.text and self.text.format \
             else {"type": "text"}  # fmt: skip
         return {
@@ -200,7 +289,7 @@ class ResponsesRequest(GenerationFields, RequestHints):
             "top_p": self.top_p,
             "top_logprobs": self.top_logprobs,
             "tool_choice": choice or "auto",
-            "tools": [tool.model_dump() for tool in self.tools or []],
+            "tools": [tool.echo() for tool in self.tools or []],
             "text": {"format": text_format},
             "truncation": self.truncation or "disabled",
             "user": self.user,

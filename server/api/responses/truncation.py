@@ -19,7 +19,7 @@ from typing import Any
 from decoding import EngineClient, GenerationParams
 from decoding.params.lengths import new_token_limit
 from server.api.generation import templated
-from server.api.responses.items import template_messages
+from server.api.responses.items import call_ids, template_messages
 from server.api.responses.protocol import ResponsesRequest
 
 KEPT_ROLES = ("system", "developer")
@@ -31,11 +31,12 @@ def droppable_units(items: list[dict[str, Any]]) -> list[list[int]]:
     """The indexes of ``items`` that go together, oldest first: one unit per item, except that a
     function call's outputs join its call's unit; system and developer messages are in none."""
     units: list[list[int]] = []
-    unit_of_call: dict[str, list[int]] = {}
+    unit_of_call: dict[str | None, list[int]] = {}
+    ids = call_ids(items)  # an output without call_id answers the oldest unanswered call
     for index, item in enumerate(items):
         if item["type"] == "message" and item["role"] in KEPT_ROLES:
             continue
-        call_unit = unit_of_call.get(item["call_id"]) if item["type"] == "function_call_output" else None
+        call_unit = unit_of_call.get(ids[index]) if item["type"] == "function_call_output" else None
         if call_unit is not None:
             call_unit.append(index)
             continue

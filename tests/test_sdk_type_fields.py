@@ -1,0 +1,332 @@
+"""Every field the installed ``openai`` and ``anthropic`` packages' own types define is accepted.
+
+Clients replay the SDKs' objects as dicts (``ResponseFunctionToolCall.model_dump(by_alias=True)``,
+anthropic's ``[b.model_dump() for b in message.content]``) and build bodies from their param
+``TypedDict``s, so each field those types define, null or set to a plausible value, must be honoured,
+accepted as a documented no-op, or refused with a 400 naming that field and saying it is not served,
+never refused merely for being there. ``tests.sdk_walk`` builds the bodies from the types (their
+walk is the test: a new SDK release that adds a field fails here until the server knows it); the
+app runs in process on the fake engine. The SDK versions are pinned in pyproject's test extras.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.metadata
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+import typing_extensions
+from anthropic.types import DirectCaller, MessageParam, TextBlockParam, ToolChoiceParam, ToolUnionParam, ToolUseBlock
+from anthropic.types.user_message_param import UserMessageParam
+from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageParam, ChatCompletionToolUnionParam
+from openai.types.chat.chat_completion_tool_choice_option_param import ChatCompletionToolChoiceOptionParam
+from openai.types.responses import ResponseFunctionToolCall, ResponseInputItemParam, ResponseOutputItem, ToolParam
+from openai.types.responses.response_create_params import ToolChoice
+
+from decoding import ServedModel
+from server.api.responses.truncation import droppable_units
+from server.app import create_app
+from server.config.settings import Settings
+from tests.fake_engine import FakeEngineClient
+from tests.sdk_walk import Variant, branches, is_record, type_tag, values, walk
+from tests.shared_servers import PLAIN
+from tests.test_api import MODEL, client_for, error_of, post, run
+from tests.test_e2e_openai import MODEL as E2E_MODEL
+from tests.test_responses_api import RecordingEngine, Server
+
+# what a refusal of something this server does not run says (the field is named beside it)
+NOT_SERVED = re.compile(r"not served|not supported|does not run|text-only")
+# left to the reasoning tests (tests/test_reasoning*.py): thinking blocks sent back
+REASONING_BLOCKS = {"thinking", "redacted_thinking"}
+HELLO = {"role": "user", "content": "hello"}
+FUNCTION_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
+CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+ANTHROPIC_TOOL = {"name": "get_weather", "input_schema": {"type": "object", "properties": {}}}
+ASSISTANT_BLOCKS = {"tool_use", "server_tool_use", "thinking", "redacted_thinking"}
+
+
+def content_blocks() -> Any:  # noqa: ANN401
+    """Every block a Messages turn may hold: the param types and the reply's blocks replayed."""
+    content = typing_extensions.get_type_hints(UserMessageParam, include_extras=True)["content"]
+    (listed,) = [branch for branch in branches(content) if branch is not str]
+    return typing_extensions.get_args(listed)[0]
+
+
+@dataclass
+class Slot:
+    """Where an SDK type goes in a request: the route, the body around it, the value's path."""
+
+    route: str
+    hint: Any
+    at: str
+    body: Callable[[Any], dict]
+    anthropic: bool = False
+    skip: frozenset[str] = frozenset()  # type tags left to other tests
+    walked_elsewhere: tuple[Any, ...] = ()  # records whose fields another slot walks (where they make sense)
+    plausible: Callable[[Any], bool] = lambda value: True  # what the API itself would send, of all the types allow
+
+
+def _blocks_in_their_turn(message: Any) -> bool:  # noqa: ANN401
+    """A turn whose blocks Anthropic allows in it: calls in an assistant turn, results in a user turn."""
+    kinds = {block.get("type") for block in message.get("content") or [] if isinstance(block, dict)}
+    if message.get("role") == "assistant":
+        return "tool_result" not in kinds
+    return not kinds & ASSISTANT_BLOCKS
+
+
+def _anthropic_turns(block: Any) -> dict:  # noqa: ANN401
+    role = "assistant" if isinstance(block, dict) and block.get("type") in ASSISTANT_BLOCKS else "user"
+    turns = [HELLO, {"role": role, "content": [block]}, HELLO]
+    return {"model": MODEL, "max_tokens": 1, "messages": turns}
+
+
+SLOTS = {
+    "responses-input": Slot("/v1/responses", ResponseInputItemParam, "input[0]",
+                            lambda item: {"input": [item, HELLO], "max_output_tokens": 1}),
+    "responses-output-items": Slot("/v1/responses", ResponseOutputItem, "input[0]",
+                                   lambda item: {"input": [item, HELLO], "max_output_tokens": 1}),
+    "responses-tools": Slot("/v1/responses", ToolParam, "tools[0]",
+                            lambda tool: {"input": "hello", "tools": [tool], "max_output_tokens": 1}),
+    "responses-tool-choice": Slot("/v1/responses", ToolChoice, "tool_choice",
+                                  lambda choice: {"input": "hello", "tools": [FUNCTION_TOOL], "tool_choice": choice,
+                                                  "max_output_tokens": 1}),
+    "chat-messages": Slot("/v1/chat/completions", ChatCompletionMessageParam, "messages[0]",
+                          lambda message: {"model": MODEL, "messages": [message, HELLO], "max_tokens": 1}),
+    "chat-reply-replayed": Slot("/v1/chat/completions", ChatCompletionMessage, "messages[0]",
+                                lambda message: {"model": MODEL, "messages": [message, HELLO], "max_tokens": 1}),
+    "chat-tools": Slot("/v1/chat/completions", ChatCompletionToolUnionParam, "tools[0]",
+                       lambda tool: {"model": MODEL, "messages": [HELLO], "tools": [tool], "max_tokens": 1}),
+    "chat-tool-choice": Slot("/v1/chat/completions", ChatCompletionToolChoiceOptionParam, "tool_choice",
+                             lambda choice: {"model": MODEL, "messages": [HELLO], "tools": [CHAT_TOOL],
+                                             "tool_choice": choice, "max_tokens": 1}),
+    # a turn's blocks are walked by "messages-blocks", each in the turn that may carry it
+    "messages-messages": Slot("/v1/messages", MessageParam, "messages[0]",
+                              lambda message: {"model": MODEL, "max_tokens": 1, "messages": [message, HELLO]},
+                              anthropic=True, walked_elsewhere=(content_blocks(), TextBlockParam),
+                              plausible=_blocks_in_their_turn),
+    "messages-blocks": Slot("/v1/messages", content_blocks(), "messages[1].content[0]", _anthropic_turns,
+                            anthropic=True, skip=frozenset(REASONING_BLOCKS)),
+    "messages-system": Slot("/v1/messages", TextBlockParam, "system[0]",
+                            lambda block: {"model": MODEL, "max_tokens": 1, "messages": [HELLO], "system": [block]},
+                            anthropic=True),
+    "messages-tools": Slot("/v1/messages", ToolUnionParam, "tools[0]",
+                           lambda tool: {"model": MODEL, "max_tokens": 1, "messages": [HELLO], "tools": [tool]},
+                           anthropic=True),
+    "messages-tool-choice": Slot("/v1/messages", ToolChoiceParam, "tool_choice",
+                                 lambda choice: {"model": MODEL, "max_tokens": 1, "messages": [HELLO],
+                                                 "tools": [ANTHROPIC_TOOL], "tool_choice": choice},
+                                 anthropic=True),
+}  # fmt: skip
+
+
+async def get(engine: FakeEngineClient, path: str, **settings: object) -> httpx.Response:
+    async with client_for(engine, **settings) as http:
+        return await http.get(path)
+
+
+def _names(error: str, path: str, anthropic: bool, param: str | None) -> bool:
+    """Whether the refusal names ``path`` (or a field inside it)."""
+    if anthropic:
+        return path in error
+    return param is not None and (param == path or param.startswith((path + ".", path + "[")))
+
+
+def run_slot(slot: Slot, tmp_path: Path) -> list[str]:
+    """Every variant of every type the slot takes, sent; what was refused that should not be."""
+    settings = Settings(responses_store=f"sqlite:///{tmp_path / 'responses.db'}")
+    app = create_app(settings, engine_client=RecordingEngine())
+    loop = asyncio.new_event_loop()
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    failures: list[str] = []
+
+    def send(variant: Variant) -> bool:
+        if not slot.plausible(variant.value):
+            return variant.whole
+        response = loop.run_until_complete(http.post(slot.route, json=slot.body(variant.value)))
+        if response.status_code == 200:
+            return False
+        error = response.json()["error"]
+        param = error.get("param")
+        if response.status_code == 400 and NOT_SERVED.search(error["message"]) and \
+                _names(error["message"], variant.path, slot.anthropic, param):  # fmt: skip
+            return variant.whole
+        failures.append(f"{variant.note} at {variant.path}: {response.status_code} {error['message']}")
+        return variant.whole  # its fields are refused the same way: one failure says it
+
+    try:
+        seen = {record for hint in slot.walked_elsewhere for record in branches(hint) if is_record(record)}
+        for branch in branches(slot.hint):
+            if is_record(branch):
+                if type_tag(branch) in slot.skip:
+                    continue
+                walk(branch, slot.at, send, seen)
+            else:
+                for value in values(branch):
+                    send(Variant(type(value), slot.at, value, f"{value!r}"))
+    finally:
+        loop.run_until_complete(http.aclose())
+        loop.close()
+    return failures
+
+
+@pytest.mark.parametrize("name", sorted(SLOTS))
+def test_every_field_of_the_sdk_types_is_served_or_refused_by_name(name, tmp_path):
+    failures = run_slot(SLOTS[name], tmp_path)
+    assert not failures, f"{len(failures)} refused:\n" + "\n".join(failures)
+
+
+# ---- the SDKs' own objects, replayed ------------------------------------------------------------------
+def test_the_sdks_reply_objects_replayed_as_dicts_are_the_next_turn(tmp_path):
+    """The issue's two cases: the openai SDK's function call item and anthropic's tool_use block, dumped
+    whole (``async``, ``caller``, ``namespace``, ``toolset_name`` included), render as the call."""
+    call = ResponseFunctionToolCall(
+        type="function_call", call_id="call_1", name="get_weather", arguments='{"city": "Oslo"}', status="completed"
+    ).model_dump(by_alias=True)
+    assert {"async", "caller", "namespace"} <= set(call)
+    server = Server(tmp_path)
+    server.create({"input": [HELLO, call, {"type": "function_call_output", "call_id": "call_1", "output": "3 C"}],
+                   "tools": [FUNCTION_TOOL]})  # fmt: skip
+    messages, _ = server.engine.templates[-1]
+    assert messages[1]["tool_calls"][0]["function"] == {"name": "get_weather", "arguments": {"city": "Oslo"}}
+    block = ToolUseBlock(type="tool_use", id="toolu_1", name="get_weather", input={"city": "Oslo"},
+                         caller=DirectCaller(type="direct")).model_dump()  # fmt: skip
+    assert {"caller", "toolset_name"} <= set(block)
+    engine = RecordingEngine()
+    result = {"type": "tool_result", "tool_use_id": "toolu_1", "content": "3 C"}
+    turns = [HELLO, {"role": "assistant", "content": [block]}, {"role": "user", "content": [result]}]
+    response = run(post(engine, "/v1/messages", {"model": MODEL, "max_tokens": 1, "messages": turns,
+                                                 "tools": [ANTHROPIC_TOOL]}))  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert engine.templates[-1][0][1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}
+
+
+def test_a_function_output_without_call_id_answers_the_oldest_unanswered_call(tmp_path):
+    server = Server(tmp_path)
+    items = [HELLO,
+             {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": "{}"},
+             {"type": "function_call", "call_id": "call_b", "name": "get_time", "arguments": "{}"},
+             {"type": "function_call_output", "name": "get_time", "output": [{"type": "input_text", "text": "noon"}]},
+             {"type": "function_call_output", "output": "3 C"}]  # fmt: skip
+    server.create({"input": items})
+    tool_turns = [m for m in server.engine.templates[-1][0] if m["role"] == "tool"]
+    assert tool_turns == [{"role": "tool", "tool_call_id": "call_b", "content": "noon", "name": "get_time"},
+                          {"role": "tool", "tool_call_id": "call_a", "content": "3 C"}]  # fmt: skip
+
+    stored = [{"type": "message", "role": "user", "content": []},
+              {"type": "function_call", "call_id": "call_a", "name": "get_weather", "arguments": "{}"},
+              {"type": "function_call_output", "call_id": None, "output": "3 C"}]  # fmt: skip
+    assert droppable_units(stored) == [[0], [1, 2]]  # truncation keeps the output with the call it answers
+
+
+def test_a_replayed_refusal_is_the_assistant_turns_text(tmp_path):
+    server = Server(tmp_path)
+    refusal = {"type": "message", "role": "assistant", "content": [{"type": "refusal", "refusal": "I can't"}]}
+    server.create({"input": [HELLO, refusal, HELLO]})
+    assert server.engine.templates[-1][0][1] == {"role": "assistant", "content": "I can't"}
+
+
+# ---- allowed_tools ------------------------------------------------------------------------------------
+TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
+
+
+def test_allowed_tools_offers_only_the_tools_it_names(tmp_path):
+    server = Server(tmp_path)
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "function", "name": "get_time"}]}
+    body = server.create({"input": "hello", "tools": [FUNCTION_TOOL, TIME_TOOL], "tool_choice": choice})
+    assert [tool["function"]["name"] for tool in server.engine.templates[-1][1]] == ["get_time"]
+    assert server.engine.submitted[-1][2].structured_output.kind == "grammar"  # required: a call is forced
+    assert body["tool_choice"] == choice
+    engine = RecordingEngine()
+    allowed = {"type": "allowed_tools", "allowed_tools": {"mode": "auto", "tools": [
+        {"type": "function", "function": {"name": "get_weather"}}]}}  # fmt: skip
+    tools = [CHAT_TOOL, {"type": "function", "function": {"name": "get_time"}}]
+    response = run(post(engine, "/v1/chat/completions", {"model": MODEL, "messages": [HELLO], "max_tokens": 1,
+                                                         "tools": tools, "tool_choice": allowed}))  # fmt: skip
+    assert response.status_code == 200, response.text
+    assert [tool["function"]["name"] for tool in engine.templates[-1][1]] == ["get_weather"]
+
+
+def test_allowed_tools_naming_a_tool_not_offered_is_a_400(tmp_path):
+    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "get_time"}]}
+    response = Server(tmp_path).call("POST", "/v1/responses", {"input": "hello", "tools": [FUNCTION_TOOL],
+                                                               "tool_choice": choice})  # fmt: skip
+    assert response.status_code == 400 and error_of(response)["param"] == "tool_choice"
+    assert "get_time" in error_of(response)["message"]
+
+
+# ---- GET /v1/models/{id}, GET /version ---------------------------------------------------------------
+class AdapterEngine(RecordingEngine):
+    """The fake engine serving a LoRA adapter whose name holds a slash, as a hub id does."""
+
+    def served_models(self) -> list[ServedModel]:
+        return [*super().served_models(), ServedModel("org/sql-lora", "lora", 64, parent=MODEL, root="/adapters/sql")]
+
+    def lora_names(self) -> list[str]:
+        return ["org/sql-lora"]
+
+
+def openai_client(app: Any) -> openai.AsyncOpenAI:  # noqa: ANN401
+    """The real ``openai`` client on the app in process."""
+    http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test")
+    return openai.AsyncOpenAI(base_url="http://test/v1", api_key="unused", max_retries=0, http_client=http)
+
+
+def test_models_retrieve_by_the_openai_client_reads_as_the_list_entry():
+    app = create_app(Settings(), engine_client=AdapterEngine())
+
+    async def go() -> None:
+        client = openai_client(app)
+        listed = {model.id: model.model_dump() for model in (await client.models.list()).data}
+        for name in (MODEL, "org/sql-lora"):  # the SDK sends org%2Fsql-lora
+            model = await client.models.retrieve(name)
+            assert model.id == name and model.object == "model" and model.owned_by == "decoda"
+            assert {**model.model_dump(), "created": 0} == {**listed[name], "created": 0}
+        assert (await client.models.retrieve("org/sql-lora")).model_extra["parent"] == MODEL
+        with pytest.raises(openai.NotFoundError):
+            await client.models.retrieve("nope")
+
+    run(go())
+
+
+def test_an_unknown_model_is_openais_404():
+    response = run(get(FakeEngineClient(), "/v1/models/no/such-model"))
+    assert response.status_code == 404
+    assert error_of(response) == {
+        "message": f"The model 'no/such-model' does not exist; this server serves '{MODEL}'",
+        "type": "invalid_request_error",
+        "param": "model",
+        "code": "model_not_found",
+    }
+
+
+def test_version_is_open_and_names_the_installed_release():
+    engine = FakeEngineClient()
+    response = run(get(engine, "/version", api_key="secret"))
+    assert response.status_code == 200 and response.json() == {"version": importlib.metadata.version("decoda")}
+    assert run(get(engine, f"/v1/models/{MODEL}", api_key="secret")).status_code == 401  # the API is not
+
+
+def test_openapi_states_the_new_operations_and_their_errors():
+    doc = run(get(FakeEngineClient(), "/openapi.json")).json()
+    models = doc["paths"]["/v1/models/{model_id}"]["get"]["responses"]
+    assert {"200", "401", "404", "429", "500", "503"} <= set(models) and "422" not in models
+    assert "security" not in doc["paths"]["/version"]["get"]
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_the_real_server_retrieves_models_and_names_its_version(shared_server):
+    """Against ``decoda serve`` with SmolLM2."""
+    base = shared_server(*PLAIN)
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    assert client.models.retrieve(E2E_MODEL).id == E2E_MODEL
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("no-such-model")
+    assert httpx.get(f"{base}/version").json() == {"version": importlib.metadata.version("decoda")}
