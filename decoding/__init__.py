@@ -3,7 +3,14 @@
 The public API for the HTTP layer is re-exported here; nothing in this package imports fastapi.
 """
 
-from decoding.client_api import EngineClient, EngineUnavailableError, LoraBusyError, QueueFullError, ServedModel
+from decoding.client_api import (
+    EngineClient,
+    EngineUnavailableError,
+    LoraBusyError,
+    LoraLimitError,
+    QueueFullError,
+    ServedModel,
+)
 from decoding.config import EngineConfig
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob, TopLogprob
 from decoding.params import GenerationParams, ParameterError, Strategy, resolve_strategy
@@ -16,6 +23,7 @@ __all__ = [
     "FinishReason",
     "GenerationParams",
     "LoraBusyError",
+    "LoraLimitError",
     "ModelFacts",
     "ParameterError",
     "QueueFullError",

@@ -29,6 +29,11 @@ class LoraBusyError(RuntimeError):
     """An adapter cannot be unloaded while requests use it (the HTTP layer answers 409)."""
 
 
+class LoraLimitError(RuntimeError):
+    """Loading one more adapter would pass ``--max-loaded-loras`` and every loaded one has requests in flight
+    (none idle to unload): the HTTP layer answers 429; retry once one of them is idle."""
+
+
 class EngineUnavailableError(RuntimeError):
     """The engine is not accepting requests (still loading, draining for shutdown, or its worker died)."""
 
@@ -72,7 +77,7 @@ class EngineClient(ABC):
     def served_models(self) -> list[ServedModel]: ...
 
     def serves_loras(self) -> bool:
-        """Whether the server serves LoRA adapters at all (``--lora-modules`` or ``--lora-dir``)."""
+        """Whether the server serves LoRA adapters at all (``--lora-modules`` or runtime loading)."""
         return False
 
     def lora_names(self) -> list[str]:
@@ -83,9 +88,10 @@ class EngineClient(ABC):
         """Load a PEFT adapter folder (already checked to be under ``--lora-dir``) under ``name``.
 
         Raises ``ParameterError`` with why it cannot be served (``param="lora_path"``), or naming a
-        name already taken (``param="lora_name"``)."""
-        raise ParameterError("this server serves no LoRA adapters (start it with --lora-dir)", param="lora_name",
-                             code="lora_disabled")  # fmt: skip
+        name already taken (``param="lora_name"``); ``LoraLimitError`` past ``--max-loaded-loras`` with
+        no idle adapter to unload."""
+        raise ParameterError("this server serves no LoRA adapters (start it with --enable-lora-loading and "
+                             "--lora-dir)", param="lora_name", code="lora_disabled")  # fmt: skip
 
     async def unload_lora_adapter(self, name: str) -> None:
         """Forget an adapter. Raises ``ParameterError`` code ``model_not_found`` for an unknown name and

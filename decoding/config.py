@@ -35,6 +35,7 @@ class EngineConfig:
     lora_dir: str | None = None  # runtime loading (POST /v1/load_lora_adapter) reads only folders under it
     max_loras: int = 4  # adapters resident at once; more are kept loaded and swapped in least recently used
     max_lora_rank: int = 16  # the highest adapter rank served (the stacked matrices' width per adapter)
+    max_loaded_loras: int = 8  # runtime-loaded adapters kept at once (idle ones evicted LRU); start's not counted
 
     @property
     def serves_loras(self) -> bool:

@@ -26,7 +26,7 @@ from server.api.openapi import install_openapi
 from server.api.responses.stores import close_store
 from server.config.settings import Settings
 from server.http.access_log import AccessLog
-from server.http.auth import ProtectPaths, key_digests, protected_paths
+from server.http.auth import Identify, KeyRing, ProtectPaths, protected_paths
 from server.http.counting import CountResponses
 from server.http.errors import install_error_handlers
 from server.http.limits import RequestLimits
@@ -78,7 +78,8 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
         lifespan=lifespan,
     )
     app.state.settings = settings
-    app.state.api_key_digests = key_digests(settings.api_keys())
+    app.state.keys = KeyRing.of(settings.api_keys(), settings.admin_api_keys())
+    app.state.api_key_digests = app.state.keys.digests
     app.state.metrics = metrics
     app.state.engine = engine_client
     app.state.owns_engine = engine_client is None  # an engine handed in (tests) is its owner's to stop
@@ -89,17 +90,19 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.watermark = WatermarkingConfig.from_file(settings.watermark) if settings.watermark else None
     app.state.presets = load_presets(settings.presets_dir)  # a bad preset file fails the start
     for api in APIS:
-        app.include_router(api.router)
+        if api.enabled_by is None or getattr(settings, api.enabled_by):
+            app.include_router(api.router)
     install_openapi(app)
     if settings.playground:  # the page at / (server/static/); --no-playground serves the API only
         app.include_router(playground_router())
     # add_middleware wraps what is there: the last added is the outermost
     if app.state.api_key_digests:
-        app.add_middleware(ProtectPaths, digests=app.state.api_key_digests,
+        app.add_middleware(ProtectPaths, keys=app.state.keys,
                            paths=protected_paths(settings.protect_metrics, settings.public_docs))  # fmt: skip
     app.add_middleware(RequestLimits, max_request_bytes=settings.max_request_bytes,
                        max_concurrency_per_key=settings.max_concurrency_per_key,
                        keyed=bool(app.state.api_key_digests))  # fmt: skip
+    app.add_middleware(Identify, keys=app.state.keys)  # one caller per request: limits, routes and logs read it
     app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app

@@ -74,11 +74,11 @@ def test_the_api_description_needs_a_key_unless_public_docs(tmp_path):
 
 
 def test_a_caller_is_its_key_whether_sent_as_bearer_or_x_api_key():
-    from server.http.limits import caller_key
+    from server.http.auth import KeyRing, identify
 
-    def scope(*headers: tuple[bytes, bytes]) -> dict:
-        return {"headers": list(headers), "client": ("10.0.0.1", 1)}
-
-    bearer = caller_key(scope((b"authorization", b"Bearer k1")))
-    assert bearer == caller_key(scope((b"x-api-key", b"k1"))) != caller_key(scope((b"x-api-key", b"k2")))
-    assert caller_key(scope()) == "anonymous"
+    keys = KeyRing.of(["k1", "k2"], [])
+    bearer = identify("Bearer k1", None, keys)
+    assert bearer.refused is None and bearer.identity
+    assert bearer == identify(None, "k1", keys) == identify("Bearer k1", "k1", keys)
+    assert bearer.identity != identify(None, "k2", keys).identity
+    assert identify(None, None, keys).refused.status == 401

@@ -1,5 +1,6 @@
 """LoRA adapters over HTTP (fake engine): ``model`` selects an adapter on every generation API, the listing,
-vLLM's runtime load/unload routes behind API keys and fenced to ``--lora-dir``, the flags, the gauge."""
+vLLM's runtime load/unload routes (only with ``--enable-lora-loading``, only for admin keys, fenced to
+``--lora-dir``), the flags, the gauge."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 
 import pytest
 
-from decoding import LoraBusyError, ParameterError, ServedModel
+from decoding import LoraBusyError, LoraLimitError, ParameterError, ServedModel
 from server.config.lora_modules import parse_lora_modules
 from server.config.sources import add_arguments, load_settings
 from server.http.metrics import Metrics
@@ -134,7 +135,7 @@ def test_load_reads_only_folders_under_lora_dir(tmp_path):
     (fence / "inner" / "adapter_model.safetensors").symlink_to(outside / "weights")
     (outside / "weights").write_text("x")
     engine = LoraFakeEngine()
-    settings = {"lora_dir": str(fence)}
+    settings = {"lora_dir": str(fence), "enable_lora_loading": True}
     ok = _post(engine, "/v1/load_lora_adapter", {"lora_name": "math", "lora_path": "math"}, **settings)
     assert ok.status_code == 200 and ok.text == "Success: LoRA adapter 'math' added successfully."
     assert engine.adapters["math"] == str((fence / "math").resolve())
@@ -144,31 +145,101 @@ def test_load_reads_only_folders_under_lora_dir(tmp_path):
         assert refused.json()["error"]["param"] == "lora_path" and "x" not in engine.adapters
     missing = _post(engine, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "nothing"}, **settings)
     assert missing.status_code == 400 and missing.json()["error"]["code"] == "lora_path_not_found"
-    off = _post(engine, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "math"})
-    assert off.status_code == 400 and off.json()["error"]["code"] == "lora_loading_disabled"
+    no_dir = _post(engine, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "math"}, enable_lora_loading=True)
+    assert no_dir.status_code == 400 and no_dir.json()["error"]["code"] == "lora_loading_disabled"
     unknown_field = _post(engine, "/v1/load_lora_adapter", {"lora_name": "x", "lora_path": "math", "f": 1}, **settings)
     assert unknown_field.status_code == 400
 
 
 def test_unload_refuses_a_busy_adapter_and_an_unknown_one():
     engine = LoraFakeEngine(adapters=("sql", "math"), busy=("math",))
-    busy = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "math"})
+    busy = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "math"}, enable_lora_loading=True)
     assert busy.status_code == 409 and busy.json()["error"]["code"] == "lora_in_use" and "math" in engine.adapters
-    unknown = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "nope"})
+    unknown = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "nope"}, enable_lora_loading=True)
     assert unknown.status_code == 404
-    done = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "sql"})
+    done = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "sql"}, enable_lora_loading=True)
     assert done.status_code == 200 and done.text == "Success: LoRA adapter 'sql' removed successfully."
     assert "sql" not in engine.adapters
 
 
-def test_runtime_routes_need_an_api_key(tmp_path):
+def test_runtime_routes_exist_only_with_enable_lora_loading(tmp_path):
+    """As vLLM registers them only with VLLM_ALLOW_RUNTIME_LORA_UPDATING: without the flag they are 404s
+    (previous main: open to every caller, a 200)."""
     engine = LoraFakeEngine()
     (tmp_path / "a").mkdir()
     load = {"lora_name": "a", "lora_path": "a"}
-    assert _post(engine, "/v1/load_lora_adapter", load, api_key="k", lora_dir=str(tmp_path)).status_code == 401
-    assert _post(engine, "/v1/unload_lora_adapter", {"lora_name": "sql"}, api_key="k").status_code == 401
-    ok = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "sql"}, {"Authorization": "Bearer k"}, api_key="k")
-    assert ok.status_code == 200 and "a" not in engine.adapters
+    for path, body in (("/v1/load_lora_adapter", load), ("/v1/unload_lora_adapter", {"lora_name": "sql"})):
+        assert _post(engine, path, body, lora_dir=str(tmp_path)).status_code == 404
+    assert "a" not in engine.adapters and "sql" in engine.adapters
+
+    async def paths(**settings: object) -> dict:
+        async with client_for(engine, **settings) as http:
+            return (await http.get("/openapi.json")).json()["paths"]
+
+    assert "/v1/load_lora_adapter" not in run(paths())
+    documented = run(paths(enable_lora_loading=True, lora_dir=str(tmp_path)))["/v1/load_lora_adapter"]["post"]
+    assert {"403", "429"} <= set(documented["responses"])
+
+
+def test_runtime_routes_need_an_admin_key(tmp_path):
+    """A plain API key may call the model, not change its adapters: 403 naming the admin key (previous main:
+    any valid key loaded adapters, a 200)."""
+    engine = LoraFakeEngine()
+    (tmp_path / "a").mkdir()
+    keys = {"api_key": "k", "admin_api_key": "admin", "enable_lora_loading": True, "lora_dir": str(tmp_path)}
+    load = {"lora_name": "a", "lora_path": "a"}
+    assert _post(engine, "/v1/load_lora_adapter", load, **keys).status_code == 401
+    plain = _post(engine, "/v1/load_lora_adapter", load, {"Authorization": "Bearer k"}, **keys)
+    assert plain.status_code == 403 and "a" not in engine.adapters
+    error = plain.json()["error"]
+    assert error["type"] == "permission_error" and error["code"] == "admin_key_required"
+    assert "--admin-api-key" in error["message"]
+    unload = _post(engine, "/v1/unload_lora_adapter", {"lora_name": "sql"}, {"x-api-key": "k"}, **keys)
+    assert unload.status_code == 403 and "sql" in engine.adapters
+    ok = _post(engine, "/v1/load_lora_adapter", load, {"Authorization": "Bearer admin"}, **keys)
+    assert ok.status_code == 200 and "a" in engine.adapters
+    # an admin key is an API key too
+    chat = _post(engine, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "model": "a"}, {"x-api-key": "admin"},
+                 **keys)  # fmt: skip
+    assert chat.status_code == 200
+
+
+def test_a_full_set_of_busy_adapters_is_a_429_naming_the_cap(tmp_path):
+    class Full(LoraFakeEngine):
+        async def load_lora_adapter(self, name: str, path: str) -> None:
+            raise LoraLimitError("8 LoRA adapters are loaded (--max-loaded-loras) and each has requests in flight")
+
+    (tmp_path / "a").mkdir()
+    full = _post(Full(), "/v1/load_lora_adapter", {"lora_name": "a", "lora_path": "a"}, enable_lora_loading=True,
+                 lora_dir=str(tmp_path))  # fmt: skip
+    assert full.status_code == 429 and full.headers["retry-after"] == "1"
+    error = full.json()["error"]
+    assert error["code"] == "lora_limit" and error["param"] == "lora_name" and "--max-loaded-loras" in error["message"]
+
+
+def test_loading_flags_go_together(tmp_path):
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+
+    def settings(*argv: str):  # noqa: ANN202
+        return load_settings(parser.parse_args(list(argv)), environ={})
+
+    folder = os.fspath(tmp_path)
+    with pytest.raises(ValueError, match="--enable-lora-loading"):
+        settings("--lora-dir", folder)
+    with pytest.raises(ValueError, match="--lora-dir"):
+        settings("--enable-lora-loading")
+    with pytest.raises(ValueError, match="--admin-api-key"):
+        settings("--enable-lora-loading", "--lora-dir", folder, "--api-key", "k")
+    with pytest.raises(ValueError, match="max_loaded_loras"):
+        settings("--max-loaded-loras", "0")
+    both = settings("--enable-lora-loading", "--lora-dir", folder, "--api-key", "k", "--admin-api-key", "a1,a2",
+                    "--admin-api-key", "a3", "--max-loaded-loras", "3")  # fmt: skip
+    assert both.admin_api_keys() == ["a1", "a2", "a3"] and both.api_keys() == ["k", "a1", "a2", "a3"]
+    assert both.engine_config().max_loaded_loras == 3
+    assert settings().max_loaded_loras == 8
+    assert load_settings(parser.parse_args([]), environ={"DECODA_ADMIN_API_KEY": "e1, e2"}).admin_api_keys() == [
+        "e1", "e2"]  # fmt: skip
 
 
 def test_lora_modules_flag_both_spellings_repeatable(tmp_path):

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 MODEL = "smollm2-135m-instruct"
 KEY = "lora-key"
+ADMIN = "lora-admin-key"  # --admin-api-key: the only key that may load and unload adapters
 TARGETS = ["q_proj", "v_proj", "o_proj", "down_proj"]
 MESSAGES = [{"role": "user", "content": "Name three colours."}]
 
@@ -39,7 +40,8 @@ def adapters(smollm2, tmp_path_factory):
 def server(adapters):
     root, _, _ = adapters
     base, proc = start_server("--max-model-len", "1024", "--lora-modules", f"tone={root / 'tone'}",
-                              "--lora-dir", str(root), "--api-key", KEY)  # fmt: skip
+                              "--lora-dir", str(root), "--enable-lora-loading", "--api-key", KEY,
+                              "--admin-api-key", ADMIN)  # fmt: skip
     yield base
     stop_server(proc)
 
@@ -114,7 +116,10 @@ def test_messages_api_with_the_adapter_gives_peft_tokens(server, adapters, smoll
 
 def test_load_use_and_unload_while_serving(server, client, adapters, smollm2):
     _, _, other = adapters
-    headers = {"Authorization": f"Bearer {KEY}"}
+    plain = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "other", "lora_path": "other"},
+                       headers={"Authorization": f"Bearer {KEY}"}, timeout=60)  # fmt: skip
+    assert plain.status_code == 403 and plain.json()["error"]["code"] == "admin_key_required"
+    headers = {"Authorization": f"Bearer {ADMIN}"}
     loaded = httpx.post(f"{server}/v1/load_lora_adapter", json={"lora_name": "other", "lora_path": "other"},
                         headers=headers, timeout=60)  # fmt: skip
     assert loaded.status_code == 200, loaded.text

@@ -19,7 +19,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
-from decoding.client_api import EngineClient, EngineUnavailableError, LoraBusyError, QueueFullError, ServedModel
+from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.engine.lora_catalog import LoadsLoras, LoraCatalog
 from decoding.engine.worker import Worker
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
@@ -71,7 +72,7 @@ class OwnThread(ThreadPoolExecutor):
             raise EngineUnavailableError("the server is shutting down") from error
 
 
-class WorkerEngineClient(EngineClient):
+class WorkerEngineClient(LoadsLoras, EngineClient):
     def __init__(
         self,
         worker: Worker,
@@ -87,9 +88,11 @@ class WorkerEngineClient(EngineClient):
         observer: EngineObserver | None = None,
         templates: ChatTemplates | None = None,
         served_model: ServedModel | None = None,
+        max_loaded_loras: int = 8,
     ) -> None:
         """``served_model``: the target's ``/v1/models`` entry (architecture, dtype, quantization). The LoRA
-        adapters the engine loaded at start are listed from it (``worker.engine.loras``)."""
+        adapters the engine loaded at start are listed from it (``worker.engine.loras``); at most
+        ``max_loaded_loras`` more are loaded at runtime (``lora_catalog``)."""
         self.worker = worker
         self.tokenizer = tokenizer
         self._served_name = served_name
@@ -112,10 +115,8 @@ class WorkerEngineClient(EngineClient):
         self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
         self._observer = observer or EngineObserver()
         loras = getattr(worker.engine, "loras", None)
-        self._loras: dict[str, ServedModel] = {
-            name: self._lora_entry(name, loras.path_of(name)) for name in (loras.names if loras else [])
-        }
-        self._lora_of: dict[str, str] = {}  # request id in flight -> its adapter (unload refuses while any)
+        pinned = {name: self._lora_entry(name, loras.path_of(name)) for name in (loras.names if loras else [])}
+        self._loras = LoraCatalog(pinned, max_loaded_loras)
 
     # ---- model facts -------------------------------------------------------------------------------
     @property
@@ -127,55 +128,23 @@ class WorkerEngineClient(EngineClient):
         return self._facts
 
     def served_models(self) -> list[ServedModel]:
-        return [self._served_model, *self._assistants, *self._loras.values()]
+        return [self._served_model, *self._assistants, *self._loras.entries()]
 
     # ---- LoRA adapters -----------------------------------------------------------------------------------
     def serves_loras(self) -> bool:
         return getattr(self.worker.engine, "loras", None) is not None
 
     def lora_names(self) -> list[str]:
-        return list(self._loras)
+        return self._loras.names()
 
     def _lora_entry(self, name: str, path: str) -> ServedModel:
         target = self._served_model
         return ServedModel(name, "lora", target.max_model_len, target.architecture, target.model_type, target.dtype,
                            target.quantization, parent=target.name, root=path)  # fmt: skip
 
-    async def load_lora_adapter(self, name: str, path: str) -> None:
-        if getattr(self.worker.engine, "loras", None) is None:
-            await super().load_lora_adapter(name, path)
-        if name in self._loras or name == self._served_name or name in {a.name for a in self._assistants}:
-            raise ParameterError(f"the name '{name}' is already served; unload it first or choose another",
-                                 param="lora_name", code="lora_name_taken")  # fmt: skip
-        try:
-            await asyncio.wrap_future(self.worker.call(lambda engine: engine.loras.load(name, path)))
-        except ValueError as error:  # LoraRefused: the reason the adapter cannot be served as PEFT runs it
-            raise ParameterError(str(error), param="lora_path", code="lora_refused") from error
-        self._loras[name] = self._lora_entry(name, path)
-
-    async def unload_lora_adapter(self, name: str) -> None:
-        if name not in self._loras:
-            await super().unload_lora_adapter(name)
-        with self._lock:  # no request can start on it between this check and its removal from the list
-            in_flight = sum(1 for adapter in self._lora_of.values() if adapter == name)
-            if in_flight:
-                raise LoraBusyError(f"the LoRA adapter '{name}' has {in_flight} request(s) in flight; unload it "
-                                    "once they finish")  # fmt: skip
-            removed = self._loras.pop(name)
-
-        def unload(engine: object) -> None:
-            requests = [request.params for request in engine.requests.values()]  # type: ignore[attr-defined]
-            engine.loras.unload(name, requests)  # type: ignore[attr-defined]
-
-        try:
-            await asyncio.wrap_future(self.worker.call(unload))
-        except Exception:  # LoraInUse (a LoraBusyError): a request the engine holds still uses it
-            self._loras[name] = removed  # still loaded: list it again
-            raise
-
     def _ended(self, request_id: str) -> None:
         self._in_flight.discard(request_id)
-        self._lora_of.pop(request_id, None)
+        self._loras.end(request_id)
 
     def is_alive(self) -> bool:
         return self.worker.alive
@@ -290,11 +259,8 @@ class WorkerEngineClient(EngineClient):
                 )
             if self.worker.num_pending >= self._max_queue:
                 raise QueueFullError(f"the waiting queue is full ({self._max_queue} requests); retry later")
-            if params.lora_name is not None:
-                if params.lora_name not in self._loras:  # unloaded since the route looked
-                    raise ParameterError(f"The model '{params.lora_name}' does not exist", param="model",
-                                         code="model_not_found")  # fmt: skip
-                self._lora_of[request_id] = params.lora_name
+            if params.lora_name is not None:  # unloaded since the route looked: a 404
+                self._loras.begin(request_id, params.lora_name)
             loop = asyncio.get_running_loop()
             outputs: asyncio.Queue[RequestOutput] = asyncio.Queue()
 

@@ -238,7 +238,7 @@ class Engine:
                     logits = logits_of[id(chunk)]
                     picks.extend(prefill.consume_chunk(strategy, chunk.row_input, logits, self._token_text))
             except Exception as exc:  # a constraint that cannot go on is the request's, not a bug: no traceback
-                if not isinstance(exc, GrammarFailure):
+                if sample_stage.error_code(exc) == "internal":  # a request's own error (a 400) is not a bug
                     logger.exception("request %s failed", strategy.request.request_id)
                 self._fail(strategy, str(exc), sample_stage.error_code(exc), cause=exc)
         return [pick for pick in picks if pick.strategy.request.error is None]

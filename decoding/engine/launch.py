@@ -103,6 +103,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
                                           _read(config.chat_template), _read(config.tool_chat_template)),  # fmt: skip
         compiler=GrammarCompiler(copy.deepcopy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
         observer=observer,
+        max_loaded_loras=config.max_loaded_loras,
     )
 
 

@@ -1,6 +1,8 @@
 """The engine's last stage: every plain row's next token picked in one batched pass, then handed
 to its strategy; a pass that fails is retried request by request, so the request whose knobs
-broke it (scores overflowing to inf: a 400) fails alone and the others keep their tokens. A
+broke it fails alone and the others keep their tokens. Rows no token can be picked from (NaN or
+all -inf scores: ``sampling.finite``) are named before anything is drawn: their requests fail
+with a 400 and the rest are picked again at once, to the tokens they would have had. A
 constraint that cannot go on (``GrammarFailure``: its matcher errored, or its masks are over their
 time budget) names its request, which fails at once; the others are picked again without it."""
 
@@ -13,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from decoding.sampling import BatchSampler
-from decoding.sampling.batch import NonFiniteScores
+from decoding.sampling.finite import NonFiniteScores
 from decoding.sampling.grammar import GrammarFailure
 from decoding.state.request import Request
 from decoding.strategies import Pick
@@ -28,6 +30,14 @@ def sample(sampler: BatchSampler, picks: list[Pick], fail: Fail) -> None:
     logits = torch.stack([pick.logits for pick in picks])  # [num_picks, vocab_size]
     try:
         tokens = sampler.pick([pick.row.sampling for pick in picks], logits)
+    except NonFiniteScores as exc:  # raised before any draw: the other rows are picked again, to the same tokens
+        sampler.forget()
+        failing = {id(picks[row].strategy) for row in exc.rows}
+        for strategy in {id(pick.strategy): pick.strategy for pick in picks if id(pick.strategy) in failing}.values():
+            logger.warning("request %s failed while sampling: %s", strategy.request.request_id, exc)
+            fail(strategy, str(exc), code=error_code(exc), cause=exc)
+        sample(sampler, [pick for pick in picks if id(pick.strategy) not in failing], fail)
+        return
     except GrammarFailure as exc:
         sampler.forget()
         failing = [pick for pick in picks if _budget_of(pick) is exc.budget]

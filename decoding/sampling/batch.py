@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.sampling.fast_argmax import argmax_rows
+from decoding.sampling.finite import NonFiniteScores, unpickable, unpickable_picks
 from decoding.sampling.grammar import apply_grammar_masks
 from decoding.sampling.length_rules import LengthKnobs
 from decoding.sampling.nucleus import top_p
@@ -201,33 +202,32 @@ class SamplingBatch:
 
     # ---- picking ------------------------------------------------------------------------------------
     def sample(self, scores: torch.Tensor) -> list[int]:
-        """Greedy rows: argmax. Sampling rows: one multinomial draw with the row's own generator."""
+        """Greedy rows: argmax. Sampling rows: one multinomial draw with the row's own generator. Every
+        row is checked before any draw (``finite``): rows no token can be picked from raise
+        ``NonFiniteScores`` naming them, with every generator untouched."""
         tokens = [0] * len(self.rows)
+        bad: list[int] = []
         if self.greedy_rows:
-            if len(self.greedy_rows) == len(self.rows):
-                return argmax_rows(scores).tolist()
-            picked = argmax_rows(scores[self.greedy_rows]).tolist()
-            for i, token in zip(self.greedy_rows, picked, strict=True):
+            greedy = scores if len(self.greedy_rows) == len(self.rows) else scores[self.greedy_rows]
+            picked = argmax_rows(greedy)
+            bad += [self.greedy_rows[j] for j in unpickable_picks(greedy, picked)]
+            for i, token in zip(self.greedy_rows, picked.tolist(), strict=True):
                 tokens[i] = token
+        probs = None
         if self.sample_rows:
             probs = torch.softmax(scores[self.sample_rows], dim=-1)  # [num_sample_rows, vocab_size]
-            for j, i in enumerate(self.sample_rows):
-                try:
-                    draw = torch.multinomial(probs[j : j + 1], num_samples=1, generator=self.rows[i].generator)
-                except RuntimeError:
-                    if bool(torch.isfinite(probs[j]).all()):
-                        raise
-                    raise NonFiniteScores(
-                        "the request's knobs turned the model's scores into inf or nan "
-                        f"(e.g. a repetition_penalty or temperature so small it overflows), row {i}"
-                    ) from None
-                tokens[i] = int(draw)
+            bad += [self.sample_rows[j] for j in unpickable(probs)]
+        if bad:
+            raise NonFiniteScores(sorted(bad))
+        for j, i in enumerate(self.sample_rows):
+            try:
+                draw = torch.multinomial(probs[j : j + 1], num_samples=1, generator=self.rows[i].generator)
+            except RuntimeError:
+                if bool(torch.isfinite(probs[j]).all()):
+                    raise
+                raise NonFiniteScores([i]) from None  # an inf or a negative the check above cannot see
+            tokens[i] = int(draw)
         return tokens
-
-
-class NonFiniteScores(ValueError):
-    """Sampling met inf/nan probabilities: finite model logits get there only through a request's
-    own knobs, so the request fails as a bad request (400), not a server error."""
 
 
 # ---- warpers (HF's math, per-row parameters as [n, 1] tensors) -----------------------------------------
@@ -278,7 +278,8 @@ def _epsilon(scores: torch.Tensor, epsilon: torch.Tensor, keep: int = 1) -> torc
 
 def _eta(scores: torch.Tensor, epsilon: torch.Tensor, keep: int = 1) -> torch.Tensor:
     # EtaLogitsWarper: eta = min(epsilon, sqrt(epsilon) * exp(-entropy))
-    entropy = torch.distributions.Categorical(logits=scores).entropy()[:, None]
+    # HF's Categorical entropy; unvalidated, so a NaN row reaches the pick's check instead of raising here
+    entropy = torch.distributions.Categorical(logits=scores, validate_args=False).entropy()[:, None]
     eta = torch.minimum(epsilon, torch.sqrt(epsilon) * torch.exp(-entropy))
     remove = _keep_top(scores, scores.softmax(dim=-1) < eta, keep)
     return scores.masked_fill(remove, NEG_INF)

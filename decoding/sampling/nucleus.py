@@ -13,7 +13,8 @@ kept set is the same as HF's except where a running sum lies within float32 roun
 ``1 - top_p`` (the softmax of an unsorted row may differ from a sorted one's in the last bit),
 where the token at the boundary, whose probability is then about that rounding, may go either way.
 
-Small vocabularies (and a row with no qualifying cut) take HF's own sort, which is cheap there;
+Small vocabularies (and a row with no qualifying cut, or a NaN row, which the pick then refuses:
+``sampling.finite``) take HF's own sort, which is cheap there;
 tests/test_nucleus.py checks both against HF's warper.
 """
 
@@ -55,9 +56,12 @@ def _kept_tokens(probs: torch.Tensor, mass32: torch.Tensor, keep: int) -> torch.
     power of two: one pass buckets the probabilities by their float32 exponent bits and weighs each
     bucket, and the cut is the highest bucket boundary with at most ``mass`` below it, so the tokens
     sorted are those within a factor of two of the smallest one kept, or above."""
-    exponents = (probs.view(torch.int32) >> 23).long()  # biased exponent e: p in [2^(e-127), 2^(e-126))
+    # biased exponent e: p in [2^(e-127), 2^(e-126)); the sign bit masked off (a NaN may carry it)
+    exponents = ((probs.view(torch.int32) >> 23) & 0xFF).long()
     weights = torch.zeros(256, dtype=torch.float64, device=probs.device).scatter_add_(0, exponents, probs.double())
     below = weights.cumsum(0)  # below[e]: the mass of every probability under 2^(e-126)
+    if not bool(torch.isfinite(below[-1])):  # a NaN row (NaN or +inf scores, or all -inf): HF's sort, which
+        return None  # leaves it to the pick's check (sampling.finite) to refuse
     fits = (below <= float(mass32)).nonzero()
     if len(fits) == 0:
         return None

@@ -26,6 +26,7 @@ import torch
 from decoding.outputs import TokenLogprob
 from decoding.params import GenerationParams
 from decoding.sampling import RowSamplingState, SamplingBatch
+from decoding.sampling.finite import NonFiniteScores, unpickable
 from decoding.strategies.beam_rows import BeamRows
 
 NEG = -1.0e9  # HF's "impossible" score; finite so sums stay ordered
@@ -104,6 +105,9 @@ class BeamSearch:
         log_probs = torch.log_softmax(logits, dim=-1)
         batch = SamplingBatch(self.states, logits.device, self.min_tokens_to_keep)
         processed = batch.process(log_probs)  # HF processes log-probs, not logits, in beam search
+        bad = unpickable(processed)  # a beam with NaN or all -inf scores: the request fails (400), not the step
+        if bad:
+            raise NonFiniteScores(bad)
         accumulated = (processed + self.running_scores[:, None]).reshape(1, -1)  # [1, num_beams * vocab]
         if self.params.do_sample:
             chosen = self._sample_candidates(torch.softmax(accumulated, dim=-1))

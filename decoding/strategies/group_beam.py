@@ -25,6 +25,7 @@ import torch
 from decoding.outputs import TokenLogprob
 from decoding.params import GenerationParams
 from decoding.sampling import RowSamplingState, SamplingBatch
+from decoding.sampling.finite import NonFiniteScores, unpickable
 from decoding.strategies.beam import NEG, BeamStep, FinalSequence, Hypothesis, continue_states
 from decoding.strategies.beam_rows import BeamRows
 
@@ -141,6 +142,9 @@ class GroupBeamSearch:
             penalty = self.params.diversity_penalty * frequency
         batch = SamplingBatch(self.states[start : start + size], logits.device)
         processed = batch.process(log_probs, diversity_penalty=penalty)
+        bad = unpickable(processed)  # a beam with NaN or all -inf scores: the request fails (400), not the step
+        if bad:
+            raise NonFiniteScores(bad)
         totals = (processed + self.scores[start : start + size, None]).view(1, -1)
         top_scores, top_ids = torch.topk(totals, self.candidates_per_group, dim=1, largest=True, sorted=True)
         vocab_size = logits.shape[-1]

@@ -37,6 +37,7 @@ class Api:
     errors: dict[str, tuple[str, ...]] = field(default_factory=dict)  # path -> error statuses it answers
     generation_bodies: tuple[type, ...] = ()  # request models whose knobs /openapi.json bounds
     required: tuple[tuple[str, str], ...] = ()  # (schema, field) required beyond what the model says
+    enabled_by: str | None = None  # a setting that must be on for the routes to exist (else they are 404s)
 
 
 APIS: tuple[Api, ...] = (
@@ -57,8 +58,10 @@ APIS: tuple[Api, ...] = (
     Api(tokenize_route.router, {"/tokenize": ("400", "401", "404", "413", "429", "500", "503"),
                                 "/detokenize": ("400", "401", "404", "413", "429", "500", "503")}),
     Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),
-    Api(lora_route.router, {"/v1/load_lora_adapter": ("400", "401", "413", "429", "500", "503"),
-                            "/v1/unload_lora_adapter": ("400", "401", "404", "409", "413", "429", "500", "503")}),
+    # vLLM registers its runtime LoRA routes only with VLLM_ALLOW_RUNTIME_LORA_UPDATING; here --enable-lora-loading
+    Api(lora_route.router, {"/v1/load_lora_adapter": ("400", "401", "403", "413", "429", "500", "503"),
+                            "/v1/unload_lora_adapter": ("400", "401", "403", "404", "409", "413", "429", "500",
+                                                        "503")}, enabled_by="enable_lora_loading"),
     Api(presets.router, {"/v1/presets": ("401", "429", "500")}),  # loaded at start: answers while the model loads
     Api(custom_generate.router, {"/v1/custom_generate": ("401", "429", "500", "503")}),
 )  # fmt: skip

@@ -29,6 +29,7 @@ API_PREFIX = "/v1/"
 ERROR_STATUSES = {
     "400": "A bad parameter, an unknown field, or fields that do not go together; `param` names the field",
     "401": "Missing or wrong API key (only when the server has keys configured)",
+    "403": "The key is valid but not an admin key (--admin-api-key), which this operation needs",
     "404": "Unknown model, LoRA adapter or assistant model",
     "409": "The LoRA adapter has requests in flight; unload it once they finish",
     "413": "Request body over --max-request-bytes",

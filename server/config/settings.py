@@ -86,8 +86,19 @@ class Settings:
     )  # fmt: skip
     lora_dir: str | None = field(
         default=None,
-        metadata={"help": "folder whose adapter folders POST /v1/load_lora_adapter may load (runtime loading is "
-                          "off without it; a path outside it, a symlink leaving it included, is refused)"},
+        metadata={"help": "folder whose adapter folders POST /v1/load_lora_adapter may load (needs "
+                          "--enable-lora-loading; a path outside it, a symlink leaving it included, is refused)"},
+    )  # fmt: skip
+    enable_lora_loading: bool = field(
+        default=False,
+        metadata={"help": "serve POST /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM's "
+                          "VLLM_ALLOW_RUNTIME_LORA_UPDATING; without it they are 404); needs --lora-dir, and with "
+                          "API keys an --admin-api-key: only admin keys may call them"},
+    )  # fmt: skip
+    max_loaded_loras: int = field(
+        default=8,
+        metadata={"help": "LoRA adapters loaded at runtime kept at once (--lora-modules ones not counted); one "
+                          "more unloads the least recently used idle one, or is a 429 while all have requests"},
     )  # fmt: skip
     max_loras: int = field(
         default=4, metadata={"help": "LoRA adapters resident at once (more stay loaded and take turns, LRU)"}
@@ -102,6 +113,11 @@ class Settings:
             "environment and yaml)"
         },
     )
+    admin_api_key: str | None = field(
+        default=None,
+        metadata={"help": "an API key that may also load and unload LoRA adapters (repeatable; comma-separated in "
+                          "the environment and yaml); it is an API key too"},
+    )  # fmt: skip
     api_keys_file: str | None = field(
         default=None, metadata={"help": "file of accepted API keys, one per line ('#' comments, blank lines skipped)"}
     )
@@ -191,7 +207,7 @@ class Settings:
         """Every accepted key: ``api_key`` (comma-separated) and the lines of ``api_keys_file``. Empty: no auth.
 
         A named keys file that cannot be read is a ValueError, like every other config error."""
-        keys = [k.strip() for k in (self.api_key or "").split(",")]
+        keys = [k.strip() for k in (self.api_key or "").split(",")] + self.admin_api_keys()
         if self.api_keys_file:
             path = Path(self.api_keys_file)
             try:
@@ -200,6 +216,10 @@ class Settings:
                 raise ValueError(f"API keys file {path}: {exc.strerror or exc}") from None
             keys += [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
         return [k for k in dict.fromkeys(keys) if k]
+
+    def admin_api_keys(self) -> list[str]:
+        """The keys ``admin_api_key`` names (comma-separated), which ``api_keys`` includes."""
+        return [k for k in dict.fromkeys(k.strip() for k in (self.admin_api_key or "").split(",")) if k]
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig(
@@ -230,6 +250,7 @@ class Settings:
             lora_dir=self.lora_dir,
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
+            max_loaded_loras=self.max_loaded_loras,
         )
 
     def check(self) -> None:
@@ -242,12 +263,13 @@ class Settings:
         for name in ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_loras", "max_lora_rank"):
+        for name in ("max_loras", "max_lora_rank", "max_loaded_loras"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         parse_lora_modules(self.lora_modules)  # a malformed --lora-modules fails at start
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {self.lora_dir}: no such folder")
+        self.check_lora_loading()
         if self.responses_lease <= 0:
             raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
@@ -261,6 +283,17 @@ class Settings:
         keys = self.api_keys()  # a named keys file that is missing or unreadable fails at startup
         if self.protect_metrics and not keys:
             raise ValueError("--protect-metrics needs an API key (--api-key, DECODA_API_KEY or --api-keys-file)")
+
+    def check_lora_loading(self) -> None:
+        """Runtime LoRA loading is on with both ``enable_lora_loading`` and ``lora_dir``, never half set, and a
+        server with API keys names an admin key to call it with."""
+        if self.enable_lora_loading and self.lora_dir is None:
+            raise ValueError("--enable-lora-loading needs --lora-dir: the folder whose adapters may be loaded")
+        if self.lora_dir is not None and not self.enable_lora_loading:
+            raise ValueError("--lora-dir is read only by runtime LoRA loading: add --enable-lora-loading")
+        if self.enable_lora_loading and self.api_keys() and not self.admin_api_keys():
+            raise ValueError("--enable-lora-loading with API keys needs --admin-api-key: only admin keys may load "
+                             "and unload adapters")  # fmt: skip
 
     def responses_store_url(self) -> str:
         """``responses_store`` checked: ``sqlite:///PATH`` (the cache dir's file by default) or a

@@ -4,7 +4,8 @@
 characters of letters, digits and ``._:@/+=-``); anything else, or none, gets a fresh id. The id
 goes back in the response header, into ``request.state.request_id`` (a 500 names it) and into the
 access line. The line is written at the end, not when the status is sent, so a stream's duration
-is the whole stream. uvicorn's own access log is turned off (``decoda serve`` passes
+is the whole stream. The line names the caller by the start of its key's digest (the identity
+``auth.Identify`` checked; never the key). uvicorn's own access log is turned off (``decoda serve`` passes
 ``access_log=False``): it logs at the first byte and knows no request id.
 
 ``--log-format json`` renders every record, access lines and uvicorn's own, as one JSON object
@@ -21,10 +22,13 @@ import uuid
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.http.auth import caller_in
+
 access_logger = logging.getLogger("decoda.access")
 REQUEST_ID_HEADER = b"x-request-id"
 VALID_REQUEST_ID = re.compile(r"[A-Za-z0-9._:@/+=-]{1,128}")
-ACCESS_FIELDS = ("request_id", "client", "method", "path", "status", "duration_ms", "response_bytes")
+ACCESS_FIELDS = ("request_id", "client", "caller", "method", "path", "status", "duration_ms", "response_bytes")
+CALLER_SHOWN = 12  # hex digits of a caller's key digest in the log: tells keys apart, never the key
 
 
 _UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -43,6 +47,16 @@ def _escape(code: int) -> str:
 def request_id_of(scope: Scope) -> str:
     given = next((v.decode("latin-1") for k, v in scope["headers"] if k == REQUEST_ID_HEADER), "")
     return given if VALID_REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def caller_shown(scope: Scope) -> str:
+    """Who the line is about: ``key:`` and the start of the checked key's digest (``auth.Caller``, the same
+    identity the limits and stored responses use), ``refused`` for keys that were not accepted, ``-`` on
+    a server without keys."""
+    caller = caller_in(scope)
+    if caller is None or (not caller.identity and caller.refused is None):
+        return "-"
+    return "refused" if caller.refused is not None else f"key:{caller.identity[:CALLER_SHOWN]}"
 
 
 class AccessLog:
@@ -78,15 +92,16 @@ class AccessLog:
             fields = {
                 "request_id": request_id,
                 "client": printable(f"{client[0]}:{client[1]}") if client else "-",
+                "caller": caller_shown(scope),
                 "method": printable(scope["method"]),
                 "path": printable(scope["path"]),
                 "status": status,
                 "duration_ms": round((time.perf_counter() - started) * 1000, 1),
                 "response_bytes": sent,
             }
-            access_logger.info('%s "%s %s" %d %.1f ms %d bytes request_id=%s', fields["client"], fields["method"],
-                               fields["path"], status, fields["duration_ms"], sent, request_id,
-                               extra=fields)  # fmt: skip
+            access_logger.info('%s "%s %s" %d %.1f ms %d bytes request_id=%s caller=%s', fields["client"],
+                               fields["method"], fields["path"], status, fields["duration_ms"], sent, request_id,
+                               fields["caller"], extra=fields)  # fmt: skip
 
 
 class JsonFormatter(logging.Formatter):

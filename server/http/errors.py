@@ -126,8 +126,9 @@ def _is_branch_label(part: str) -> bool:
 
 
 def _field_parts(loc: tuple) -> list[str | int]:
-    """The location as the client wrote it: FastAPI's leading ``body`` and union branches dropped."""
-    parts = list(loc[1:] if loc[:1] == ("body",) else loc)
+    """The location as the client wrote it: FastAPI's leading ``body`` (or ``query``: a query parameter is
+    named as in the URL, ``starting_after``) and union branches dropped."""
+    parts = list(loc[1:] if loc[:1] in (("body",), ("query",)) else loc)
     return [part for part in parts if isinstance(part, int) or not _is_branch_label(str(part))]
 
 

@@ -11,22 +11,26 @@ the rows it will run (prompts × ``n``, or × ``num_beams`` for beam search, × 
 unconditional twin) before it reaches the engine, so one request with 128 prompts × ``n`` 64
 cannot take what the limit gives a whole caller (``CallerHold.grow``). A background response's
 rows stay counted until its run ends (``CallerHold.handed_over``): new generations count them,
-polling or cancelling the response does not. With
-API keys configured a caller is its key; without, a bearer token proves nothing (anyone may send
-a fresh one per request and so escape any limit), so a caller is its client address: behind a
-proxy that is the proxy, and the limit acts as a cap for everything it forwards. Excess requests
-are answered at once with 429 and ``Retry-After``, never queued: the engine's own queue
+polling or cancelling the response does not.
+
+With API keys configured a caller is the key ``auth.Identify`` checked, never a header it did not
+check (a valid ``x-api-key`` beside an invented bearer token is refused there, not counted as a new
+caller); a request whose keys were refused is answered here (401, or 400 for two different keys)
+before any of its body is read. Without keys, a bearer token proves nothing (anyone may send a
+fresh one per request and so escape any limit), so a caller is its client address: behind a proxy
+that is the proxy, and the limit acts as a cap for everything it forwards. Excess requests are
+answered at once with 429 and ``Retry-After``, never queued: the engine's own queue
 (``--max-queue``) is the place where work waits.
 """
 
 from __future__ import annotations
 
-import hashlib
 from collections import Counter
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from server.http.auth import caller_in, unauthorized
 from server.http.errors import APIError
 
 API_PREFIX = "/v1/"
@@ -46,18 +50,15 @@ def _header(scope: Scope, name: bytes) -> str | None:
     return next((v.decode("latin-1") for k, v in scope["headers"] if k == name), None)
 
 
-def caller_key(scope: Scope, keyed: bool = True) -> str:
-    """Who a request counts against: with API keys, a digest of its bearer token or ``x-api-key``
-    (never the key itself), or anonymous; without them, its client address."""
+def caller_key(scope: Scope, keyed: bool = True) -> str | None:
+    """Who a request counts against: with API keys, the identity ``auth.Identify`` decided (a digest of
+    the key it checked, never the key itself; None: its keys were refused, nothing to count); without
+    them, its client address."""
     if not keyed:
         client = scope.get("client")
         return f"address {client[0]}" if client else "anonymous"
-    scheme, _, token = (_header(scope, b"authorization") or "").partition(" ")
-    if scheme.lower() != "bearer" or not token.strip():
-        token = _header(scope, b"x-api-key") or ""  # Anthropic's clients send their key here
-    if not token.strip():
-        return "anonymous"
-    return hashlib.sha256(token.strip().encode("latin-1", errors="replace")).hexdigest()
+    caller = caller_in(scope)
+    return None if caller is None or caller.refused is not None else caller.identity
 
 
 class CallerHold:
@@ -139,6 +140,10 @@ class RequestLimits:
             await too_large(limit).response()(scope, receive, send)
             return
         key = caller_key(scope, self.keyed)
+        if key is None:  # refused keys: every /v1/* route needs one; answered before any body is read
+            caller = caller_in(scope)
+            await (caller.refused if caller and caller.refused else unauthorized()).response()(scope, receive, send)
+            return
         if self.max_concurrency_per_key and self.open[key] >= self.max_concurrency_per_key:
             await over_limit(self.max_concurrency_per_key).response()(scope, receive, send)
             return

@@ -56,6 +56,22 @@ class LoraWeights:
     scaling: float
     matrices: dict[str, tuple[torch.Tensor, torch.Tensor]]  # module name -> (A^T, B^T)
     base_model_name: str | None = None
+    source: tuple = ()  # ``adapter_source`` of the folder read: adapters with the same one share ``matrices``
+
+
+def adapter_source(path: str | Path) -> tuple:
+    """What identifies an adapter folder's contents without reading them: its resolved path and its two
+    files' modification times and sizes (a folder rewritten since is read again)."""
+    folder = Path(path).resolve()
+    stats = [(folder / name).stat() for name in (CONFIG_FILE, WEIGHTS_FILE)]
+    return (str(folder), *((stat.st_mtime_ns, stat.st_size) for stat in stats))
+
+
+def check_base_model_name(name: str, base_model_name: str | None, served_names: tuple[str, ...]) -> None:
+    """vLLM's JSON form's ``base_model_name`` must be one of the served model's names."""
+    if base_model_name is not None and served_names and base_model_name not in served_names:
+        raise LoraRefused(f"LoRA adapter {name!r}: its base_model_name {base_model_name!r} is not the served model "
+                          f"({', '.join(served_names)})")  # fmt: skip
 
 
 def read_adapter(
@@ -75,21 +91,20 @@ def read_adapter(
         raise LoraRefused(f"LoRA adapter {name!r}: {folder} has no {CONFIG_FILE} (a PEFT adapter folder)")
     if not (folder / WEIGHTS_FILE).is_file():
         raise LoraRefused(f"LoRA adapter {name!r}: {folder} has no {WEIGHTS_FILE} (save it with safetensors)")
+    source = adapter_source(folder)  # before reading: a folder rewritten meanwhile is not taken for this one
     raw = json.loads((folder / CONFIG_FILE).read_text())
     if raw.get("peft_type") != "LORA":
         raise LoraRefused(f"LoRA adapter {name!r}: peft_type is {raw.get('peft_type')!r}; only LORA is served")
     config = LoraConfig.from_pretrained(str(folder))
     _check_config(name, config, max_rank)
-    if base_model_name is not None and served_names and base_model_name not in served_names:
-        raise LoraRefused(f"LoRA adapter {name!r}: its base_model_name {base_model_name!r} is not the served model "
-                          f"({', '.join(served_names)})")  # fmt: skip
+    check_base_model_name(name, base_model_name, served_names)
     _check_base_folder(name, config.base_model_name_or_path, served_config)
     rank = int(config.r)
     scaling = config.lora_alpha / (math.sqrt(rank) if config.use_rslora else rank)
     matrices = _matrices(name, load_file(str(folder / WEIGHTS_FILE)), targets, rank)
     if not matrices:
         raise LoraRefused(f"LoRA adapter {name!r}: {WEIGHTS_FILE} holds no lora_A/lora_B weights")
-    return LoraWeights(name, str(folder), rank, float(scaling), matrices, base_model_name)
+    return LoraWeights(name, str(folder), rank, float(scaling), matrices, base_model_name, source)
 
 
 def _check_config(name: str, config: object, max_rank: int) -> None:

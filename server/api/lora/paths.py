@@ -18,8 +18,9 @@ ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 def adapter_folder(lora_dir: str | None, lora_path: str) -> Path:
     """The resolved adapter folder ``lora_path`` names under ``lora_dir``; a ParameterError otherwise."""
     if lora_dir is None:
-        raise ParameterError("runtime LoRA loading is off: start the server with --lora-dir FOLDER, whose adapter "
-                             "folders it may then load", param="lora_path", code="lora_loading_disabled")  # fmt: skip
+        raise ParameterError("runtime LoRA loading is off: start the server with --enable-lora-loading and "
+                             "--lora-dir FOLDER, whose adapter folders it may then load", param="lora_path",
+                             code="lora_loading_disabled")  # fmt: skip
     fence = Path(lora_dir).resolve()
     named = Path(lora_path)
     candidate = named if named.is_absolute() else fence / named

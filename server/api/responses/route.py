@@ -46,9 +46,9 @@ from server.api.responses.replay import public
 from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse, page, stored_size
 from server.api.responses.stores import open_store
 from server.api.responses.truncation import rendered
-from server.http.auth import require_api_key
+from server.http.auth import caller_of, require_api_key
 from server.http.errors import APIError
-from server.http.limits import CallerHold, caller_hold, caller_key
+from server.http.limits import CallerHold, caller_hold
 from server.output.streaming import collect_all, until_disconnect
 from server.output.tool_parser import PARSERS
 from server.translate.structured import answer_after_thinking, reasoning_of
@@ -100,8 +100,9 @@ def store_of(request: Request) -> ResponseStore:
 
 
 def owner_of(request: Request) -> str:
-    """Whose responses a request sees: the digest of its key when the server has keys, else everyone's."""
-    return caller_key(request.scope) if request.app.state.api_key_digests else ""
+    """Whose responses a request sees: the digest of the key its auth checked when the server has keys
+    (``auth.Caller``), else everyone's (""). A revoked key is refused before this: its rows are unreachable."""
+    return caller_of(request).identity
 
 
 def not_found(response_id: str, param: str) -> APIError:
@@ -209,7 +210,10 @@ async def start_background(request: Request, body: ResponsesRequest, builder: Re
 
 @router.get("/v1/responses/{response_id}")
 async def retrieve_response(
-    response_id: str, request: Request, stream: bool = False, starting_after: int | None = None
+    response_id: str,
+    request: Request,
+    stream: bool = False,
+    starting_after: int | None = Query(default=None, ge=0),  # sequence numbers start at 0, as OpenAI's
 ) -> Response:
     """The stored response; with ``stream=true`` a background response's events after ``starting_after``
     (all of them without it), live until it ends."""
