@@ -20,7 +20,8 @@ from server.api.responses.background import STOPPED, BackgroundRun, BackgroundRu
 from server.api.responses.events import ResponseEvents
 from server.api.responses.format import ResponseBuilder
 from server.api.responses.replay import replayed_events
-from server.api.responses.store import SqliteResponseStore, StoredResponse
+from server.api.responses.store import StoredResponse
+from server.api.responses.store_sqlite import SqliteResponseStore
 from server.app import create_app
 from server.config.settings import Settings
 from tests.asgi_driver import stream_then_hang_up
@@ -54,15 +55,24 @@ class PiecesEngine(RecordingEngine):
 
 
 class SpyStore(SqliteResponseStore):
-    """The SQLite store, keeping the status of every ``put``."""
+    """The SQLite store, keeping the status of every write and counting the reads of a whole row."""
 
     def __init__(self, path: Path, **kwargs: Any) -> None:
         super().__init__(path, **kwargs)
         self.statuses: dict[str, list[str]] = {}
+        self.gets = 0
 
-    async def put(self, stored: StoredResponse) -> None:
+    async def create(self, stored: StoredResponse) -> None:
         self.statuses.setdefault(stored.id, []).append(stored.response["status"])
-        await super().put(stored)
+        await super().create(stored)
+
+    async def update(self, stored: StoredResponse, runner: bool = False) -> bool:
+        self.statuses.setdefault(stored.id, []).append(stored.response["status"])
+        return await super().update(stored, runner)
+
+    async def get(self, response_id: str, owner: str) -> StoredResponse | None:
+        self.gets += 1
+        return await super().get(response_id, owner)
 
 
 class Replica:
@@ -72,7 +82,7 @@ class Replica:
         self.engine = engine or FakeEngineClient(delay=0.02)
         store = tmp_path / "responses.db"
         self.app = create_app(Settings(responses_store=f"sqlite:///{store}", **settings), engine_client=self.engine)
-        self.store = self.app.state.responses_store = SpyStore(store)
+        self.store = self.app.state.responses_store = SpyStore(store, ttl=self.app.state.settings.responses_ttl)
         self.http = httpx.AsyncClient(transport=httpx.ASGITransport(app=self.app), base_url="http://test")
 
     async def create(self, **body: Any) -> dict:
@@ -224,8 +234,8 @@ def test_a_run_cancelled_before_its_runner_started_ends_cancelled_and_replays_th
     async def go() -> None:
         engine, store = FakeEngineClient(), SqliteResponseStore(tmp_path / "r.db")
         builder = ResponseBuilder("resp_early", "fake-model", {"background": True, "store": True})
-        row = StoredResponse(builder.response_id, "", builder.response("queued", []), [], [])
-        await store.put(row)
+        row = StoredResponse(builder.response_id, "", builder.response("queued", []), [])
+        await store.create(row)
         streams = [engine.generate("resp_early-0", [1, 2], GenerationParams(max_new_tokens=4))]
         runs = BackgroundRuns()
         run_ = BackgroundRun(row, ResponseEvents(builder), streams, store, heartbeat=1.0)
@@ -322,9 +332,8 @@ def test_a_live_run_stays_in_progress_for_another_replica_which_can_resume_and_c
 def test_an_unfinished_response_whose_replica_stopped_is_failed_on_read_and_at_start(tmp_path):
     async def go() -> None:
         store = SqliteResponseStore(tmp_path / "responses.db")
-        for response_id in ("resp_read", "resp_start"):
-            builder = ResponseBuilder(response_id, "fake-model", {"background": True, "store": True})
-            await store.put(StoredResponse(response_id, "", builder.response("in_progress", []), [], []))
+        builder = ResponseBuilder("resp_read", "fake-model", {"background": True, "store": True})
+        await store.create(StoredResponse("resp_read", "", builder.response("in_progress", []), []))
         await asyncio.sleep(0.3)
         replica = Replica(tmp_path, responses_lease=0.2)
         failed = (await replica.get("resp_read")).json()
@@ -332,8 +341,8 @@ def test_an_unfinished_response_whose_replica_stopped_is_failed_on_read_and_at_s
         events = await replica.events("resp_read")
         assert names(events) == ["response.created", "response.queued", "response.in_progress", "response.failed"]
 
-        await store.put(StoredResponse("resp_start", "", {**failed, "id": "resp_start", "status": "in_progress",
-                                                          "error": None}, [], []))  # fmt: skip
+        await store.create(StoredResponse("resp_start", "", {**failed, "id": "resp_start", "status": "in_progress",
+                                                             "error": None}, []))  # fmt: skip
         await asyncio.sleep(0.3)
         async with replica.app.router.lifespan_context(replica.app):  # the start-up sweep, before any read
             found = await store.get("resp_start", "")

@@ -195,8 +195,18 @@ class Settings:
     )  # fmt: skip
     responses_max_bytes: int = field(
         default=8 * 1024 * 1024,
-        metadata={"help": "largest stored response (its conversation, input and output as JSON); a larger "
-                          "conversation is a 400"},
+        metadata={"help": "largest conversation a stored response holds or continues (the JSON of its stored "
+                          "turns and this input; 0: no cap); a larger one is a 400"},
+    )  # fmt: skip
+    responses_quota_bytes: int = field(
+        default=1024 * 1024 * 1024,
+        metadata={"help": "bytes of stored responses one owner (an API key; everyone without keys) may hold; a "
+                          "request that would pass it is a 429 naming the quota (0: no quota)"},
+    )  # fmt: skip
+    responses_quota_items: int = field(
+        default=1_000_000,
+        metadata={"help": "input and output items of stored responses one owner may hold; a request that would "
+                          "pass it is a 429 naming the quota (0: no quota)"},
     )  # fmt: skip
     log_level: str = field(default="info", metadata={"help": "debug | info | warning | error"})
     log_format: str = field(
@@ -260,7 +270,9 @@ class Settings:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
-        for name in ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes"):
+        non_negative = ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes",
+                        "responses_quota_bytes", "responses_quota_items")  # fmt: skip
+        for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         for name in ("max_loras", "max_lora_rank", "max_loaded_loras"):

@@ -5,15 +5,21 @@ back for it by id).
 ``POST /v1/responses`` stores the response as ``queued`` and starts a ``BackgroundRun``: one
 engine request in the same continuous batch as every other, whose events go to the run's
 ``EventLog`` and whose status goes to the store at each change: ``in_progress`` when the runner
-starts, then ``completed``, ``incomplete``, ``failed`` or ``cancelled``. While it runs the runner
-heart-beats its row (``ResponseStore.touch``) every ``heartbeat_seconds``; a row whose replica stopped
-stops being touched, and once its heartbeat is older than ``--responses-lease`` it is stored as
-failed (``fail_stale``: at start-up, and when a read finds it unfinished and not running here).
+starts, then ``completed``, ``incomplete``, ``failed`` or ``cancelled``. Each of those writes applies
+only while the row is still unfinished (``ResponseStore.update``): a cancel or a delete made on
+another replica wins over the runner, whose final event then says what the store holds. While it
+runs the runner renews its lease (``ResponseStore.heartbeat``: a small row, never the response) every
+``heartbeat_seconds``, which also keeps its conversation from expiring under it, however short
+``--responses-ttl``; a row whose replica stopped stops being renewed, and once its lease is older
+than ``--responses-lease`` it is stored as failed (``fail_stale``: at start-up, and when a read finds
+it unfinished and not running here).
 
 Cancelling closes the run's engine streams, the abort path of a client that hangs up
 (``server.output.streaming.merge``), and stores the output made so far as ``cancelled``. A response
-running on another replica is cancelled through the store: its runner reads its row at each
-heartbeat and stops when the row says ``cancelled`` (or is gone: deleted).
+running on another replica is cancelled through the store: its runner learns of it from its next
+heartbeat and stops. A final object the store cannot take (the store is down, its disk full) is
+retried a few heartbeats long; if it still fails, the run's stream says so with an ``error`` event
+naming ``store`` before its final event, and the lease fails the row once the store is back.
 """
 
 from __future__ import annotations
@@ -28,16 +34,18 @@ from typing import Any
 from decoding import RequestOutput
 from server.api.responses.event_log import EventLog
 from server.api.responses.events import ResponseEvents, failure
-from server.api.responses.replay import recorded, replayed_events
-from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse, stored_size
-from server.http.errors import from_output
+from server.api.responses.replay import public, recorded, replayed_events
+from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse
+from server.api.responses.storing import store_failure
+from server.http.errors import APIError, from_output
 from server.http.limits import CallerHold
 from server.output.streaming import merge
 
 logger = logging.getLogger(__name__)
 
 STOPPED = {"code": "server_error", "message": "the replica running this response stopped before it finished"}
-POLL_SECONDS = 0.5  # how often a stream resumed on another replica than the run's reads the row
+POLL_SECONDS = 0.5  # how often a stream resumed on another replica than the run's reads the row's status
+FINAL_WRITE_TRIES = 3  # a final object the store refuses is tried again this often, a heartbeat apart
 
 
 def heartbeat_seconds(lease: float) -> float:
@@ -77,13 +85,16 @@ class BackgroundRun:
         self.log.extend(self.events.in_progress())
         beat = asyncio.create_task(self._beat())
         try:
-            await self._write(self.events.builder.response("in_progress", []))
-            async with aclosing(merge(self.streams)) as merged:  # closing it aborts the engine request
-                async for _, output in merged:
-                    if output.error:
-                        raise from_output(output)
-                    self.log.extend(self.events.feed(output))
-            closing, response = self.events.finish()
+            if await self._write(self.events.builder.response("in_progress", [])) is False:
+                await self._abort()  # cancelled, deleted or failed elsewhere before it started
+                closing, response = self.events.interrupted("cancelled")
+            else:
+                async with aclosing(merge(self.streams)) as merged:  # closing it aborts the engine request
+                    async for _, output in merged:
+                        if output.error:
+                            raise from_output(output)
+                        self.log.extend(self.events.feed(output))
+                closing, response = self.events.finish()
         except asyncio.CancelledError:
             closing, response = self.events.interrupted(*self._stop_reason())
         except Exception as exc:
@@ -93,6 +104,10 @@ class BackgroundRun:
         self.finishing = True
         self.log.extend(closing)
         await self._finish(response)
+
+    async def _abort(self) -> None:
+        for stream in self.streams:
+            await stream.aclose()  # the engine's abort, as merge's close does
 
     def _stop_reason(self) -> tuple[str, dict[str, Any] | None]:
         return ("failed", STOPPED) if self.abandoned else ("cancelled", None)
@@ -104,8 +119,7 @@ class BackgroundRun:
         if self.task is not None:
             await asyncio.gather(self.task, return_exceptions=True)
         if self.final is None:  # cancelled before its first line ran: end it here
-            for stream in self.streams:
-                await stream.aclose()  # the engine's abort, as merge's close does
+            await self._abort()
             self.finishing = True
             closing, response = self.events.interrupted(*self._stop_reason())
             self.log.extend(closing)
@@ -114,43 +128,66 @@ class BackgroundRun:
         return self.final
 
     async def _finish(self, response: dict[str, Any]) -> None:
-        """Store the final object, then send its event (a reader of it can retrieve it at once)."""
+        """Store the final object, then send its event (a reader of it can retrieve it at once). If the
+        store holds another end (a cancel or a lease's failure came first), that one is the response."""
         stored = recorded(response, self.events, self.started)
-        if self.max_bytes and stored_size(self._row(stored)) > self.max_bytes:
+        if self.max_bytes and self._row(stored).size()[0] > self.max_bytes:
             response = self.events.builder.response("failed", [], error={
                 "code": "response_too_large", "message": f"the response is larger than a stored response may be "
                 f"({self.max_bytes} bytes, --responses-max-bytes)"})  # fmt: skip
             stored = recorded(response, self.events, self.started)
-        await self._write(stored)
+        written: bool | Exception = False
+        for attempt in range(1 if self.abandoned else FINAL_WRITE_TRIES):
+            written = await self._write(stored)
+            if not isinstance(written, Exception):
+                break
+            if attempt + 1 < FINAL_WRITE_TRIES and not self.abandoned:
+                await asyncio.sleep(self.heartbeat)
+        if isinstance(written, Exception):  # the lease fails the row once the store is back
+            self.log.extend([self.events.error_event(**store_failure(written, self.row.id))])
+        elif not written and not self.deleted:
+            held = await self._held()
+            response = held if held is not None else response
         self.final = response
         self.log.extend([self.events.final_event(response)])
         self.log.close()
 
-    def _row(self, response: dict[str, Any]) -> StoredResponse:
-        return StoredResponse(self.row.id, self.row.owner, response, self.row.input_items, self.row.conversation)
-
-    async def _write(self, response: dict[str, Any]) -> None:
-        if self.deleted:
-            return
+    async def _held(self) -> dict[str, Any] | None:
+        """The finished response the store holds for this run (None: none, or it cannot be read)."""
         try:
-            await self.store.put(self._row(response))
-        except Exception:  # the store is down: the lease fails the row once it is back
-            logger.exception("background response %s: storing its %s status failed", self.row.id,
-                             response["status"])  # fmt: skip
+            found = await self.store.get(self.row.id, self.row.owner)
+        except Exception:
+            logger.exception("background response %s: reading back its stored end failed", self.row.id)
+            return None
+        return public(found.response) if found and found.response["status"] not in UNFINISHED else None
+
+    def _row(self, response: dict[str, Any]) -> StoredResponse:
+        return StoredResponse(self.row.id, self.row.owner, response, self.row.input_items, self.row.previous_id)
+
+    async def _write(self, response: dict[str, Any]) -> bool | Exception:
+        """Whether the store took ``response`` (False: the row is finished, deleted or gone), or what it raised."""
+        if self.deleted:
+            return False
+        try:
+            return await self.store.update(self._row(response), runner=True)
+        except Exception as exc:
+            logger.error("background response %s: storing its %s status failed: %s", self.row.id, response["status"],
+                         exc, exc_info=not isinstance(exc, APIError))  # fmt: skip
+            return exc
 
     async def _beat(self) -> None:
-        """Touch the row every ``heartbeat`` seconds; stop the run if another replica cancelled or
-        deleted it."""
+        """Renew the lease every ``heartbeat`` seconds; stop the run once the store says another replica
+        cancelled, failed or deleted it."""
         while True:
             await asyncio.sleep(self.heartbeat)
             try:
-                await self.store.touch(self.row.id)
-                found = await self.store.get(self.row.id, self.row.owner)
-            except Exception:
-                logger.exception("background response %s: heartbeat failed", self.row.id)
+                status = await self.store.heartbeat(self.row.id)
+            except Exception as exc:
+                logger.error("background response %s: heartbeat failed: %s", self.row.id, exc,
+                             exc_info=not isinstance(exc, APIError))  # fmt: skip
                 continue
-            if found is None or found.response["status"] == "cancelled":
-                self.deleted = found is None
+            if status is None or status not in UNFINISHED:
+                self.deleted = status is None
                 if self.task is not None and not self.finishing:
                     self.task.cancel()
                 return
@@ -206,10 +243,11 @@ async def resumed_events(runs: BackgroundRuns, store: ResponseStore, found: Stor
             yield event
         return
     response = found.response
-    while response["status"] in UNFINISHED:
-        await asyncio.sleep(POLL_SECONDS)
-        await fail_stale(store, lease)
-        again = await store.get(found.id, found.owner)
+    if response["status"] in UNFINISHED:  # running elsewhere: its status polled (no JSON), then its end read once
+        while (status := await store.status(found.id, found.owner)) in UNFINISHED:
+            await asyncio.sleep(POLL_SECONDS)
+            await fail_stale(store, lease)
+        again = await store.get(found.id, found.owner) if status is not None else None
         if again is None:  # deleted while running
             return
         response = again.response

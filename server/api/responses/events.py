@@ -252,6 +252,10 @@ class ResponseEvents:
     def final_event(self, response: dict[str, Any]) -> dict[str, str]:
         return self._event(f"response.{response['status']}", response=response)
 
+    def error_event(self, code: str, message: str, param: str | None = None) -> dict[str, str]:
+        """OpenAI's ``error`` event: something went wrong beside the response (its store), not in it."""
+        return self._event("error", code=code, message=message, param=param)
+
 
 def failure(exc: Exception, response_id: str) -> dict[str, Any]:
     """A failed response's ``error``: the API error the exception is, as code and message."""
@@ -261,10 +265,11 @@ def failure(exc: Exception, response_id: str) -> dict[str, Any]:
 
 async def response_events(
     streams: list[AsyncIterator[RequestOutput]], events: ResponseEvents,
-    keep: Callable[[dict[str, Any]], Awaitable[None]],
+    keep: Callable[[dict[str, Any]], Awaitable[dict[str, Any] | None]],
 ) -> AsyncIterator[dict[str, str]]:  # fmt: skip
     """The engine's stream as events; ``keep`` stores the final object before its event goes out,
-    so a client that reads ``response.completed`` can retrieve or continue the response at once."""
+    so a client that reads ``response.completed`` can retrieve or continue the response at once. A
+    store that fails (``keep`` returns the failure) is an ``error`` event just before the final one."""
     for event in events.start():
         yield event
     try:
@@ -283,5 +288,7 @@ async def response_events(
         closing, response = events.interrupted("failed", failure(exc, events.builder.response_id))
         for event in closing:
             yield event
-    await keep(response)
+    failed = await keep(response)
+    if failed is not None:
+        yield events.error_event(**failed)
     yield events.final_event(response)

@@ -264,13 +264,16 @@ class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
 
     def rendered_texts(self) -> dict[str, list[str]]:
         """What must fit the context in characters: the input, or with ``truncation: "auto"`` its last
-        item only (older ones may be dropped), with the instructions and the tools."""
+        item (older ones may be dropped), with the instructions and the tools, and each older item on
+        its own (``input[i]``: one no prompt can hold is refused, not tokenized and dropped)."""
         items = self.input_items()
         kept = items[-1:] if self.truncation == "auto" else items
         texts = [text for item in kept for text in item_texts(item)]
         texts += [self.instructions] if self.instructions is not None else []
         tools = self.template_tools()
-        return {"input": texts + ([json.dumps(tools)] if tools else []), **super().rendered_texts()}
+        older = {f"input[{index}]": item_texts(item) for index, item in enumerate(items[:-1])} \
+            if self.truncation == "auto" else {}  # fmt: skip
+        return {"input": texts + ([json.dumps(tools)] if tools else []), **older, **super().rendered_texts()}
 
     def echo(self) -> dict[str, Any]:
         """What a response object repeats of its request."""

@@ -5,7 +5,9 @@ Creating walks chat's path (``server.api.generation``): the body translated once
 conversation (the stored one of ``previous_response_id``, then this request's input) rendered by the
 chat template, then the context's room, admission, submission. A response with ``store`` (OpenAI's
 default) is kept in the responses store (``server.api.responses.store``, opened on first use from
-``--responses-store``) before its last event or its body goes out. With API keys configured, every
+``--responses-store``) before its last event or its body goes out; the conversation cap and the
+caller's quota are checked before any work, and a store that fails after it still lets the answer
+out (``server.api.responses.storing``). With API keys configured, every
 read names the caller (a digest of its key) and another caller's response is a 404, as if absent.
 
 ``background: true`` stores the response as ``queued`` and answers at once (or streams its events):
@@ -43,8 +45,9 @@ from server.api.responses.format import ResponseBuilder
 from server.api.responses.items import new_id
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.replay import public
-from server.api.responses.store import UNFINISHED, ResponseStore, StoredResponse, page, stored_size
+from server.api.responses.store import MAX_TURNS, UNFINISHED, ResponseStore, StoredResponse, page, too_long
 from server.api.responses.stores import open_store
+from server.api.responses.storing import check_room, failure_headers, keep
 from server.api.responses.truncation import rendered
 from server.http.auth import caller_of, require_api_key
 from server.http.errors import APIError
@@ -135,22 +138,12 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
     params = answer_after_thinking(params, reasoning_of(request))  # a constraint shapes the answer, after the thinking
-    earlier: list[dict[str, Any]] = []
-    if body.previous_response_id is not None:
-        previous = await stored(request, body.previous_response_id, "previous_response_id")
-        if previous.response.get("status") in UNFINISHED:  # its output is not there yet to continue from
-            raise APIError(400, f"Previous response with id '{body.previous_response_id}' is still "
-                           f"{previous.response['status']}; continue it once it has finished",
-                           param="previous_response_id", code="previous_response_not_finished")  # fmt: skip
-        earlier = previous.continued()
+    earlier, earlier_bytes = await continued(request, body.previous_response_id)
     input_items = body.input_items()
     conversation = earlier + input_items
-    cap = request.app.state.settings.responses_max_bytes
-    pending = StoredResponse("", "", {"output": []}, input_items, conversation)  # what the row holds before output
-    if body.store is not False and cap and stored_size(pending) > cap:
-        raise APIError(400, f"the conversation is larger than a stored response may be ({cap} bytes, "
-                       "--responses-max-bytes); start a new one or send store: false", param="input",
-                       code="conversation_too_large")  # fmt: skip
+    settings = request.app.state.settings
+    if body.store is not False:
+        await check_room(store_of(request), owner_of(request), settings, earlier_bytes, input_items)
     prompt_ids, params = await rendered(client, body, params, conversation)
     params = await admitted(client, params, [prompt_ids], "input")
     tool_use = body.tool_use()
@@ -159,30 +152,48 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     builder = ResponseBuilder(new_id("resp"), model, body.echo(), logprobs=params.logprobs is not None,
                               tool_parser=parser, reasoning=reasoning_of(request))  # fmt: skip
 
-    async def keep(response: dict[str, Any]) -> None:
+    def row_of(response: dict[str, Any]) -> StoredResponse:
+        return StoredResponse(response["id"], owner_of(request), response, input_items, body.previous_response_id,
+                              earlier=earlier)  # fmt: skip
+
+    async def kept(response: dict[str, Any]) -> dict[str, Any] | None:
+        """None, or the store's failure the client is told of."""
         if body.store is False:
-            return
-        row = StoredResponse(response["id"], owner_of(request), response, input_items, conversation)
-        if cap and stored_size(row) > cap:
-            logger.warning("response %s is %d bytes, over --responses-max-bytes: not stored", row.id, stored_size(row))
-            response["store"] = False
-            return
-        await store_of(request).put(row)
+            return None
+        return await keep(store_of(request), row_of(response), settings.responses_max_bytes)
 
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
     if body.background:  # its rows count against the caller until the run ends, not the request
-        row = StoredResponse(builder.response_id, owner_of(request), {}, input_items, conversation)
+        row = row_of({"id": builder.response_id})
         streams = await submit(client, row.id, [prompt_ids], params)
         return await start_background(request, body, builder, row, streams, hold and hold.handed_over())
     streams = await submit(client, builder.response_id, [prompt_ids], params)
     if body.stream:
-        return EventSourceResponse(response_events(streams, ResponseEvents(builder), keep), ping=15)
+        return EventSourceResponse(response_events(streams, ResponseEvents(builder), kept), ping=15)
     (collected,) = await until_disconnect(request, collect_all(streams))
     response = builder.body(collected)
-    await keep(response)
-    return JSONResponse(response)
+    failed = await kept(response)
+    return JSONResponse(response, headers=failure_headers(failed))
+
+
+async def continued(request: Request, previous_id: str | None) -> tuple[list[dict[str, Any]], int]:
+    """The conversation ``previous_response_id`` continues (every item, its output included) and the
+    bytes its stored turns take; nothing without one."""
+    if previous_id is None:
+        return [], 0
+    previous = await stored(request, previous_id, "previous_response_id")
+    if previous.response.get("status") in UNFINISHED:  # its output is not there yet to continue from
+        raise APIError(400, f"Previous response with id '{previous_id}' is still {previous.response['status']}; "
+                       "continue it once it has finished", param="previous_response_id",
+                       code="previous_response_not_finished")  # fmt: skip
+    if previous.turns >= MAX_TURNS:
+        raise too_long(previous_id)
+    conversation = await store_of(request).conversation(previous_id, owner_of(request))
+    if conversation is None:  # deleted since
+        raise not_found(previous_id, "previous_response_id")
+    return conversation.items, conversation.bytes
 
 
 async def start_background(request: Request, body: ResponsesRequest, builder: ResponseBuilder, row: StoredResponse,
@@ -192,7 +203,7 @@ async def start_background(request: Request, body: ResponsesRequest, builder: Re
     settings = request.app.state.settings
     row.response = builder.response("queued", [])
     try:
-        await store_of(request).put(row)
+        await store_of(request).create(row)
     except BaseException:
         for stream in streams:
             await stream.aclose()  # nothing will run it: abort it in the engine
@@ -241,11 +252,13 @@ async def cancel_response(response_id: str, request: Request) -> Response:
         return JSONResponse(await runs.cancel(run))
     if found.response["status"] not in UNFINISHED:
         return JSONResponse(public(found.response))
-    # running on another replica: its runner reads the row at its next heartbeat and stops
+    # running on another replica: stored as cancelled unless it finished first (then it is the answer);
+    # its runner learns of the cancel at its next heartbeat and stops
     cancelled = {**public(found.response), "status": "cancelled"}
     found.response = cancelled
-    await store_of(request).put(found)
-    return JSONResponse(cancelled)
+    if await store_of(request).update(found):
+        return JSONResponse(cancelled)
+    return JSONResponse(public((await stored(request, response_id)).response))
 
 
 @router.delete("/v1/responses/{response_id}")

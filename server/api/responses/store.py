@@ -1,209 +1,154 @@
-"""Where stored responses live: one small interface (``ResponseStore``), SQLite behind it.
+"""Where stored responses live: one small interface (``ResponseStore``), behind it SQLite
+(``store_sqlite``) or PostgreSQL (``store_postgres``), the same rules in both.
 
-A stored response is its response object, its own input items (what ``input_items`` lists) and its
-conversation: every item before its output, earlier turns included, so continuing it with
-``previous_response_id`` is one read, and deleting an earlier turn never breaks a later one. Each
-row names its owner, the SHA-256 digest of the bearer token that created it ("" without API keys):
-a row read with another owner is as absent as a row that never was.
+**A turn stores what it adds.** A row holds its response object, its request's own input items
+(what ``input_items`` lists) and its output, and names the response it continues
+(``previous_id``); a conversation is rebuilt by walking those names back to its first turn
+(``conversation``: at most ``MAX_TURNS`` rows, items by reference, never copied into a later row).
+So N turns of a conversation store N turns' items, not N conversations. A row written by schema
+version 2, which copied the conversation into every row, keeps that copy (``conversation``) and is
+the start of its chain. Deleting a response another one continues from hides it (``deleted``: as
+absent as a row that never was) and keeps its items for the later turns; it goes with the last of
+them. Every row of a conversation is kept while any of them is (its first turn's
+``responses_conversations.keep_until``, moved by every write and heartbeat): a row past its time to
+live reads as absent, and the whole conversation is deleted once all of it has.
 
-SQLite through Python's own ``sqlite3``: one connection, used under a lock from worker threads
-(``asyncio.to_thread``), so the event loop never waits on the disk; WAL mode so readers of other
-processes are not blocked by a write. Decoda creates the schema and records its version in
-``schema_version``; a file written by a newer schema is refused rather than misread, one written by
-an older one is migrated in place (version 1 had no ``status`` and ``updated_at``: they are filled
-from the JSON and ``created_at``). Rows past their time to live read as absent and are deleted on the
-next write.
+**Writes cannot undo each other.** A response is inserted once (``create``); after that a write
+(``update``: the runner's ``in_progress`` and final object, another replica's cancel) applies only
+while the row is ``queued`` or ``in_progress`` and not deleted, so a delete or a cancel wins over a
+runner that comes late, a finished response is never overwritten, and a deleted one stays deleted.
+One write may follow a cancel made on another replica: its runner's own ``cancelled`` object, which
+holds the output made until the cancel reached it. A running response's heartbeat writes a small
+row of its own (``responses_leases``), never the response; a response reads as unfinished until its
+runner's last write, whatever its time to live, and the heartbeat keeps its conversation from
+expiring under it.
 
-``status`` (the response's) and ``updated_at`` (the last write, or the last heartbeat of the replica
-running a background response: ``touch``) are columns so that ``fail_stale`` finds the queued and
-in-progress rows whose replica stopped without reading any JSON.
+**Quota.** Each owner's stored bytes and items are counted as rows come and go
+(``responses_usage``), for ``--responses-quota-bytes`` and ``--responses-quota-items``. Each row
+names its owner, the digest of the key that created it ("" without API keys): a row read with
+another owner is as absent as a row that never was.
+
+Every write is one transaction: a failure leaves the row as it was. A store that cannot be reached,
+or whose disk refuses a write, raises ``APIError`` 503 with ``Retry-After`` (``store_unavailable``),
+and the next call tries again (a new connection), so the store comes back without a restart.
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sqlite3
-import threading
-import time
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-SCHEMA_VERSION = 2
-TABLES = (
-    "CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)",
-    """CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    updated_at REAL NOT NULL,
-    expires_at REAL,
-    status TEXT NOT NULL,
-    response TEXT NOT NULL,
-    input_items TEXT NOT NULL,
-    conversation TEXT NOT NULL
-)""",
-)
-MIGRATIONS = {  # version -> the statements that bring a file of that version to the next
-    1: ("ALTER TABLE responses ADD COLUMN status TEXT NOT NULL DEFAULT ''",
-        "ALTER TABLE responses ADD COLUMN updated_at REAL NOT NULL DEFAULT 0",
-        "UPDATE responses SET status = json_extract(response, '$.status'), updated_at = created_at"),
-}  # fmt: skip
-INDEXES = (
-    "CREATE INDEX IF NOT EXISTS responses_expiry ON responses (expires_at)",
-    "CREATE INDEX IF NOT EXISTS responses_unfinished ON responses (status, updated_at)",
-)
+from server.http.errors import APIError, unavailable
+
 UNFINISHED = ("queued", "in_progress")
+MAX_TURNS = 4096  # the longest chain of previous_response_id a conversation may have: its walk is bounded
+EXPIRED_BATCH = 1000  # expired conversations one write deletes at most: reads skip the rest until later writes
+UNAVAILABLE_CODE = "responses_store_unavailable"
 
 
 @dataclass
 class StoredResponse:
     id: str
     owner: str
-    response: dict[str, Any]  # the response object, as the API returned it
+    response: dict[str, Any]  # the response object, as the API returned it (its output included)
     input_items: list[dict[str, Any]]  # the request's own input items
-    conversation: list[dict[str, Any]]  # every item before the output, earlier turns' included
+    previous_id: str | None = None  # the response this one continues
+    earlier: list[dict[str, Any]] | None = field(default=None, repr=False)  # its conversation before input_items:
+    # written into the row only if ``previous_id`` is gone by the time it is created (deleted meanwhile)
+    turns: int = 1  # rows in its conversation, itself included (read from the store)
 
-    def continued(self) -> list[dict[str, Any]]:
-        """The conversation a response continuing this one starts from: everything, the output included."""
-        return self.conversation + list(self.response["output"])
+    def size(self) -> tuple[int, int]:
+        """(bytes, items) the row takes: its JSON, and its input and output items."""
+        return row_size(self.response, self.input_items)
+
+
+@dataclass
+class Conversation:
+    """A stored response's whole conversation: every item, its own output included, oldest first."""
+
+    items: list[dict[str, Any]]
+    bytes: int  # what its rows take (the cap on a conversation, ``--responses-max-bytes``)
+    turns: int
 
 
 class ResponseStore(Protocol):
     """What ``/v1/responses`` needs of a store; every read takes the caller's owner."""
 
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
-        """The row, or None when it is absent, expired or another owner's."""
+        """The row, or None when it is absent, deleted, expired or another owner's."""
         ...
 
-    async def put(self, stored: StoredResponse) -> None:
-        """Insert or replace (an upsert: a background response is written at each status); the row's
-        ``status`` is ``stored.response["status"]`` and its ``updated_at`` the time of the write."""
+    async def status(self, response_id: str, owner: str) -> str | None:
+        """The row's status (no JSON read), or None as ``get``."""
+        ...
+
+    async def conversation(self, response_id: str, owner: str) -> Conversation | None:
+        """The conversation a response continuing this one starts from (None as ``get``)."""
+        ...
+
+    async def usage(self, owner: str) -> tuple[int, int]:
+        """(bytes, items) the owner's rows take, hidden and expired ones still kept included."""
+        ...
+
+    async def create(self, stored: StoredResponse) -> None:
+        """Insert a new row (a finished response, or a background one as queued), continuing
+        ``stored.previous_id``'s conversation when it names one."""
+        ...
+
+    async def update(self, stored: StoredResponse, runner: bool = False) -> bool:
+        """Write ``stored.response`` (its status, output, expiry) if the row is still queued or in
+        progress and not deleted; whether it was. The ``runner``'s writes: its final one ends its lease,
+        and may also be the ``cancelled`` object (with the output made) over a cancel another replica
+        stored while it ran; another replica's cancel leaves the lease to the runner."""
         ...
 
     async def delete(self, response_id: str, owner: str) -> bool:
         """Whether a row of that owner was there to delete."""
         ...
 
-    async def touch(self, response_id: str) -> None:
-        """``updated_at`` = now: the replica running this background response is alive (its heartbeat)."""
+    async def heartbeat(self, response_id: str) -> str | None:
+        """The runner of this unfinished response is alive: its lease is renewed and its conversation
+        kept; returns the row's status (None: deleted or gone), so a runner learns of a cancel."""
         ...
 
     async def fail_stale(self, before: float, error: dict[str, Any]) -> int:
-        """Every row with status queued or in_progress and ``updated_at`` < ``before`` (its replica
-        stopped heart-beating) becomes status ``failed`` with ``response.error`` = ``error``, in its
-        column and in its JSON; returns how many."""
+        """Every queued or in-progress row whose lease was last renewed before ``before`` (its replica
+        stopped) becomes ``failed`` with ``response.error`` = ``error``; returns how many."""
         ...
 
 
-class SqliteResponseStore:
-    """``ResponseStore`` in one SQLite file; opened on first use, from a worker thread."""
-
-    def __init__(self, path: Path, ttl: float = 0.0) -> None:
-        self.path, self.ttl = path, ttl
-        self._lock = threading.Lock()
-        self._connection: sqlite3.Connection | None = None
-
-    def _open(self) -> sqlite3.Connection:
-        if self._connection is None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            connection = sqlite3.connect(self.path, check_same_thread=False, timeout=30, isolation_level=None)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            try:
-                connection.execute("BEGIN IMMEDIATE")  # one process at a time creates or migrates
-                self._create_or_migrate(connection)
-                connection.execute("COMMIT")
-            except BaseException:
-                connection.close()  # closing rolls back what the transaction did
-                raise
-            self._connection = connection
-        return self._connection
-
-    def _create_or_migrate(self, db: sqlite3.Connection) -> None:
-        for statement in TABLES:
-            db.execute(statement)
-        version = db.execute("SELECT max(version) FROM schema_version").fetchone()[0]
-        if version is None:
-            db.execute("INSERT INTO schema_version (version) VALUES (?)", (SCHEMA_VERSION,))
-        elif version > SCHEMA_VERSION:
-            raise RuntimeError(f"{self.path}: the responses store has schema version {version}; this "
-                               f"Decoda reads version {SCHEMA_VERSION} (upgrade Decoda)")  # fmt: skip
-        else:
-            for older in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[older]:
-                    db.execute(statement)
-            db.execute("UPDATE schema_version SET version = ?", (SCHEMA_VERSION,))
-        for statement in INDEXES:
-            db.execute(statement)
-
-    def _run(self, work: Any, *args: Any) -> Any:  # noqa: ANN401
-        with self._lock:
-            return work(self._open(), *args)
-
-    async def get(self, response_id: str, owner: str) -> StoredResponse | None:
-        return await asyncio.to_thread(self._run, self._get, response_id, owner)
-
-    async def put(self, stored: StoredResponse) -> None:
-        await asyncio.to_thread(self._run, self._put, stored)
-
-    async def delete(self, response_id: str, owner: str) -> bool:
-        return await asyncio.to_thread(self._run, self._delete, response_id, owner)
-
-    async def touch(self, response_id: str) -> None:
-        await asyncio.to_thread(self._run, self._touch, response_id)
-
-    async def fail_stale(self, before: float, error: dict[str, Any]) -> int:
-        return await asyncio.to_thread(self._run, self._fail_stale, before, error)
-
-    def close(self) -> None:
-        with self._lock:
-            if self._connection is not None:
-                self._connection.close()
-                self._connection = None
-
-    def _get(self, db: sqlite3.Connection, response_id: str, owner: str) -> StoredResponse | None:
-        row = db.execute(
-            "SELECT response, input_items, conversation FROM responses WHERE id = ? AND owner = ? "
-            "AND (expires_at IS NULL OR expires_at > ?)",
-            (response_id, owner, time.time()),
-        ).fetchone()
-        if row is None:
-            return None
-        response, input_items, conversation = (json.loads(column) for column in row)
-        return StoredResponse(response_id, owner, response, input_items, conversation)
-
-    def _put(self, db: sqlite3.Connection, stored: StoredResponse) -> None:
-        now = time.time()
-        db.execute("DELETE FROM responses WHERE expires_at IS NOT NULL AND expires_at <= ?", (now,))
-        db.execute(
-            "INSERT INTO responses (id, owner, created_at, updated_at, expires_at, status, response, input_items, "
-            "conversation) VALUES (?1, ?2, ?3, ?3, ?4, ?5, ?6, ?7, ?8) ON CONFLICT (id) DO UPDATE SET "
-            "owner = excluded.owner, updated_at = excluded.updated_at, expires_at = excluded.expires_at, "
-            "status = excluded.status, response = excluded.response, input_items = excluded.input_items, "
-            "conversation = excluded.conversation",
-            (stored.id, stored.owner, now, now + self.ttl if self.ttl else None, stored.response["status"],
-             json.dumps(stored.response), json.dumps(stored.input_items), json.dumps(stored.conversation)),
-        )  # fmt: skip  # an upsert keeps the row's first created_at
-
-    def _delete(self, db: sqlite3.Connection, response_id: str, owner: str) -> bool:
-        return db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (response_id, owner)).rowcount > 0
-
-    def _touch(self, db: sqlite3.Connection, response_id: str) -> None:
-        db.execute("UPDATE responses SET updated_at = ? WHERE id = ?", (time.time(), response_id))
-
-    def _fail_stale(self, db: sqlite3.Connection, before: float, error: dict[str, Any]) -> int:
-        return db.execute(
-            "UPDATE responses SET status = 'failed', updated_at = ?, response = json_set(response, '$.status', "
-            "'failed', '$.error', json(?)) WHERE status IN (?, ?) AND updated_at < ?",
-            (time.time(), json.dumps(error), *UNFINISHED, before),
-        ).rowcount  # fmt: skip
+def row_size(response: dict[str, Any], input_items: list[dict[str, Any]]) -> tuple[int, int]:
+    """(bytes, items) of a row holding ``response`` and ``input_items``."""
+    output = response.get("output") or []
+    return len(json.dumps(response)) + len(json.dumps(input_items)), len(input_items) + len(output)
 
 
-def stored_size(stored: StoredResponse) -> int:
-    """Bytes the row's JSON takes, for the per-response cap."""
-    return sum(len(json.dumps(part)) for part in (stored.response, stored.input_items, stored.conversation))
+def without_output(response: dict[str, Any]) -> dict[str, Any]:
+    """The response object as its column holds it: the output in its own column (its key kept, so the
+    fields read back in their order)."""
+    return {**response, "output": []} if "output" in response else response
+
+
+def chained(rows: list[tuple[list[dict], list[dict], list[dict] | None]]) -> list[dict[str, Any]]:
+    """A conversation from its rows' (input items, output, version-2 conversation), oldest first."""
+    items: list[dict[str, Any]] = []
+    for input_items, output, inline in rows:
+        items = list(inline) if inline is not None else items + list(input_items)
+        items += output
+    return items
+
+
+def too_long(response_id: str) -> APIError:
+    return APIError(400, f"the conversation of response '{response_id}' has {MAX_TURNS} turns, the most one may "
+                    "have; start a new one (send its items as input)", param="previous_response_id",
+                    code="conversation_too_long")  # fmt: skip
+
+
+def store_unavailable(where: str, exc: BaseException) -> APIError:
+    """The 503 a store that cannot be reached or written answers; its message names the store."""
+    return unavailable(f"the responses store ({where}) is unavailable: {type(exc).__name__}: {exc}",
+                       code=UNAVAILABLE_CODE)  # fmt: skip
 
 
 def page(items: list[dict[str, Any]], *, after: str | None, before: str | None, limit: int,

@@ -1,19 +1,23 @@
 """The responses store on PostgreSQL, so that replicas behind a load balancer share conversations.
 
-The same ``ResponseStore`` contract and table as ``server.api.responses.store`` (SQLite), through
+The same ``ResponseStore`` contract and tables as the SQLite store (``postgres_schema``), through
 asyncpg and its connection pool: the JSON columns are ``jsonb`` (PostgreSQL keeps a ``jsonb``
 object's keys in its own order: a retrieved response holds the same fields, not always in the order
-it was sent). Times are Unix seconds from this process's clock, as the SQLite store writes them, so
-``fail_stale(before)`` compares like with like.
+it was sent). Times are Unix seconds from this process's clock, as the SQLite store writes them.
 
-The pool opens on first use, on the event loop that uses it (an asyncpg pool belongs to one loop).
-Opening creates the schema in one transaction under an advisory lock, so replicas that start
-together do not race on ``CREATE TABLE``; a database written by a newer schema is refused rather
-than misread. A database that cannot be reached is a 503 with ``Retry-After`` naming the store,
-not a 500: the replica is fine, its store is not (nginx tries the next replica, which says the same).
+Replicas write the same rows, so every write is one transaction whose conditions PostgreSQL checks
+on the row as it is when the write gets its lock (``update`` after a cancel or a delete that
+committed first changes nothing). Sweeps that touch many rows (expired conversations, stale leases)
+run on one replica at a time (a try-lock: the others skip), so they never deadlock each other.
 
-PostgreSQL text cannot hold the character U+0000 (neither ``text`` nor ``jsonb``): a stored string
-keeps every other character, and a U+0000 in it reads back as U+FFFD.
+The pool opens on first use, on the event loop that uses it (an asyncpg pool belongs to one loop). A
+database that cannot be reached, or that is restarting, is a 503 with ``Retry-After`` naming the
+store, not a 500: the replica is fine, its store is not (nginx tries the next replica, which says the
+same); the pool's connections are then replaced, so the store serves again as soon as the database
+does, without restarting Decoda.
+
+PostgreSQL text cannot hold the character U+0000 nor a lone UTF-16 surrogate (neither ``text`` nor
+``jsonb``): a stored string keeps every other character, and those read back as U+FFFD.
 """
 
 from __future__ import annotations
@@ -22,45 +26,65 @@ import asyncio
 import json
 import re
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import asyncpg
 
-from server.api.responses.store import UNFINISHED, StoredResponse
+from server.api.responses.postgres_schema import create_schema
+from server.api.responses.store import (
+    EXPIRED_BATCH,
+    MAX_TURNS,
+    UNFINISHED,
+    Conversation,
+    StoredResponse,
+    chained,
+    store_unavailable,
+    without_output,
+)
 from server.config.store_url import redacted_url
-from server.http.errors import APIError, unavailable
+from server.http.errors import APIError
 
-SCHEMA_VERSION = 2  # the layout of store.py's SCHEMA_VERSION 2, which this table mirrors column for column
-SCHEMA_LOCK = 0x6465636F646172  # pg_advisory_xact_lock's key for creating the schema ("decodar")
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY,
-    owner TEXT NOT NULL,
-    created_at DOUBLE PRECISION NOT NULL,
-    updated_at DOUBLE PRECISION NOT NULL,
-    expires_at DOUBLE PRECISION,
-    status TEXT NOT NULL,
-    response JSONB NOT NULL,
-    input_items JSONB NOT NULL,
-    conversation JSONB NOT NULL
-);
-CREATE INDEX IF NOT EXISTS responses_expiry ON responses (expires_at);
-CREATE INDEX IF NOT EXISTS responses_unfinished ON responses (updated_at) WHERE status IN ('queued', 'in_progress');
-"""
-EXPIRED_BATCH = 1000  # expired rows one write deletes at most: the reads skip the rest until later writes
+PURGE_LOCK = 0x6465636F646170  # pg_try_advisory_xact_lock's key for deleting expired conversations ("decodap")
+SWEEP_LOCK = 0x6465636F646173  # and for failing the responses whose lease lapsed ("decodas")
 POOL_SIZE = 10  # connections per replica: each holds one only for a statement or two
 CONNECT_TIMEOUT = 10.0  # seconds: an unreachable database is a 503 soon, not a request hung for a minute
 # what says the database, not the query, failed: no connection, a connection lost, the server
-# starting, shutting down or out of connections
-UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.CannotConnectNowError,
-               asyncpg.TooManyConnectionsError)  # fmt: skip
-# a \u0000 escape in JSON text (an even number of backslashes before it: not an escaped backslash)
-_NUL_ESCAPE = re.compile(r"(?<!\\)((?:\\\\)*)\\u0000")
+# starting, shutting down or out of connections, an operator's intervention, a connection the server
+# dropped mid-protocol (asyncpg's client state then refuses the next step)
+UNREACHABLE = (OSError, asyncio.TimeoutError, asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError,
+               asyncpg.TooManyConnectionsError, asyncpg.InterfaceError, asyncpg.InternalClientError)  # fmt: skip
+VISIBLE = "NOT deleted AND (expires_at IS NULL OR expires_at > $3 OR status IN ('queued', 'in_progress'))"
+KEEP = ("INSERT INTO responses_conversations AS c (root_id, keep_until) VALUES ($1, $2) ON CONFLICT (root_id) DO "
+        "UPDATE SET keep_until = CASE WHEN c.keep_until IS NULL OR excluded.keep_until IS NULL THEN NULL ELSE "
+        "greatest(c.keep_until, excluded.keep_until) END")  # fmt: skip
+CHAIN = """WITH RECURSIVE chain (id, n) AS (
+    SELECT $1::text, 0
+    UNION ALL
+    SELECT r.previous_id, chain.n + 1 FROM chain JOIN responses r ON r.id = chain.id
+    WHERE r.previous_id IS NOT NULL AND chain.n < $2
+) SELECT r.input_items, r.output, r.conversation, r.bytes FROM chain JOIN responses r ON r.id = chain.id
+ORDER BY chain.n DESC"""
+PURGE = f"""WITH dead AS (
+    DELETE FROM responses_conversations WHERE root_id IN (
+        SELECT root_id FROM responses_conversations WHERE keep_until <= $1 LIMIT {EXPIRED_BATCH}) RETURNING root_id
+), gone AS (DELETE FROM responses WHERE root_id IN (SELECT root_id FROM dead) RETURNING id)
+DELETE FROM responses_leases WHERE id IN (SELECT id FROM gone)"""
+# every escape of JSON text that jsonb refuses, and the escapes it must not cut in two: an escaped
+# backslash, a surrogate pair; what is left is U+0000 or a lone surrogate, which become U+FFFD
+_ESCAPES = re.compile(r"\\\\|\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\u[dD][89a-fA-F][0-9a-fA-F]{2}"
+                      r"|\\u0000")  # fmt: skip
+
+
+def _jsonb_safe(match: re.Match[str]) -> str:
+    text = match.group(0)
+    return text if text == "\\\\" or len(text) == 12 else "\\ufffd"
 
 
 def encode_json(value: Any) -> str:  # noqa: ANN401
-    """JSON text ``jsonb`` accepts: a U+0000 becomes U+FFFD (PostgreSQL text cannot hold it)."""
-    return _NUL_ESCAPE.sub(r"\1\\ufffd", json.dumps(value))
+    """JSON text ``jsonb`` accepts: a U+0000 or a lone surrogate becomes U+FFFD."""
+    return _ESCAPES.sub(_jsonb_safe, json.dumps(value))
 
 
 async def _json_codecs(connection: asyncpg.Connection) -> None:
@@ -100,65 +124,171 @@ class PostgresResponseStore:
         try:
             async with pool.acquire() as connection, connection.transaction():
                 await create_schema(connection)
-        except BaseException:
+        except BaseException as exc:
             await pool.close()
+            if isinstance(exc, UNREACHABLE):
+                raise self._unreachable(exc) from exc
             raise
         return pool
 
     def _unreachable(self, exc: BaseException) -> APIError:
-        return unavailable(f"the responses store (PostgreSQL at {redacted_url(self.url)}) cannot be reached: "
-                           f"{type(exc).__name__}: {exc}", code="responses_store_unavailable")  # fmt: skip
+        return store_unavailable(f"PostgreSQL at {redacted_url(self.url)}", exc)
 
-    async def _run(self, statement: str, method: str, *args: Any) -> Any:  # noqa: ANN401
+    @asynccontextmanager
+    async def _connection(self, transaction: bool = False) -> AsyncIterator[asyncpg.Connection]:
+        """A pooled connection (in a transaction when asked); a database gone away is the 503, and the
+        pool's connections are replaced so the next call connects afresh."""
         pool = await self._ready()
         try:
-            return await getattr(pool, method)(statement, *args)
+            async with pool.acquire() as connection:
+                if transaction:
+                    async with connection.transaction():
+                        yield connection
+                else:
+                    yield connection
         except UNREACHABLE as exc:
+            await pool.expire_connections()
             raise self._unreachable(exc) from exc
 
+    # ---- reads --------------------------------------------------------------------------------------
     async def get(self, response_id: str, owner: str) -> StoredResponse | None:
-        row = await self._run(
-            "SELECT response, input_items, conversation FROM responses WHERE id = $1 AND owner = $2 "
-            "AND (expires_at IS NULL OR expires_at > $3)",
-            "fetchrow", response_id, owner, time.time(),
-        )  # fmt: skip
+        async with self._connection() as db:
+            row = await db.fetchrow(f"SELECT previous_id, turns, response, input_items, output FROM responses "
+                                    f"WHERE id = $1 AND owner = $2 AND {VISIBLE}",
+                                    response_id, owner, time.time())  # fmt: skip
         if row is None:
             return None
-        return StoredResponse(response_id, owner, row["response"], row["input_items"], row["conversation"])
+        response = {**row["response"], "output": row["output"]}
+        return StoredResponse(response_id, owner, response, row["input_items"], row["previous_id"], turns=row["turns"])
 
-    async def put(self, stored: StoredResponse) -> None:
-        """Insert or replace (the row's first ``created_at`` kept), after deleting expired rows: up to
-        ``EXPIRED_BATCH`` a write, skipping those another replica is deleting (no waits, no deadlocks)."""
+    async def status(self, response_id: str, owner: str) -> str | None:
+        async with self._connection() as db:
+            return await db.fetchval(f"SELECT status FROM responses WHERE id = $1 AND owner = $2 AND {VISIBLE}",
+                                     response_id, owner, time.time())  # fmt: skip
+
+    async def conversation(self, response_id: str, owner: str) -> Conversation | None:
+        async with self._connection(transaction=True) as db:  # one snapshot: the row and its chain
+            if await db.fetchval(f"SELECT 1 FROM responses WHERE id = $1 AND owner = $2 AND {VISIBLE}",
+                                 response_id, owner, time.time()) is None:  # fmt: skip
+                return None
+            rows = await db.fetch(CHAIN, response_id, MAX_TURNS)
+        items = chained([(row["input_items"], row["output"], row["conversation"]) for row in rows])
+        return Conversation(items, sum(row["bytes"] for row in rows), len(rows))
+
+    async def usage(self, owner: str) -> tuple[int, int]:
+        async with self._connection() as db:
+            row = await db.fetchrow("SELECT bytes, items FROM responses_usage WHERE owner = $1", owner)
+        return (row["bytes"], row["items"]) if row else (0, 0)
+
+    # ---- writes -------------------------------------------------------------------------------------
+    def _expiry(self, now: float) -> float | None:
+        return now + self.ttl if self.ttl else None
+
+    async def create(self, stored: StoredResponse) -> None:
         now = time.time()
-        await self._run("DELETE FROM responses WHERE id IN (SELECT id FROM responses WHERE expires_at <= $1 "
-                        f"LIMIT {EXPIRED_BATCH} FOR UPDATE SKIP LOCKED)", "execute", now)  # fmt: skip
-        await self._run(
-            "INSERT INTO responses (id, owner, created_at, updated_at, expires_at, status, response, input_items, "
-            "conversation) VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8) ON CONFLICT (id) DO UPDATE SET owner = "
-            "excluded.owner, updated_at = excluded.updated_at, expires_at = excluded.expires_at, status = "
-            "excluded.status, response = excluded.response, input_items = excluded.input_items, conversation = "
-            "excluded.conversation",
-            "execute", stored.id, stored.owner, now, now + self.ttl if self.ttl else None, stored.response["status"],
-            stored.response, stored.input_items, stored.conversation,
-        )  # fmt: skip
+        async with self._connection(transaction=True) as db:
+            if await db.fetchval("SELECT pg_try_advisory_xact_lock($1)", PURGE_LOCK):
+                await db.execute(PURGE, now)
+            previous_id, root_id, turns, inline = stored.previous_id, stored.id, 1, None
+            if previous_id is not None:  # held until this commits: a delete of it waits and sees this turn
+                found = await db.fetchrow("SELECT root_id, turns FROM responses WHERE id = $1 FOR KEY SHARE",
+                                          previous_id)  # fmt: skip
+                if found is None:  # deleted since it was read: this row keeps the conversation itself
+                    previous_id, inline = None, (stored.earlier or []) + stored.input_items
+                else:
+                    root_id, turns = found["root_id"], found["turns"] + 1
+            size, items = stored.size()
+            if inline is not None:
+                size, items = size + len(encode_json(inline)), items + len(inline)
+            status = stored.response["status"]
+            await db.execute(
+                "INSERT INTO responses (id, owner, created_at, updated_at, expires_at, status, previous_id, root_id, "
+                "turns, bytes, items, response, input_items, output, conversation) "
+                "VALUES ($1, $2, $3, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                stored.id, stored.owner, now, self._expiry(now), status, previous_id, root_id, turns, size, items,
+                without_output(stored.response), stored.input_items, stored.response.get("output") or [], inline,
+            )  # fmt: skip
+            if status in UNFINISHED:
+                await db.execute("INSERT INTO responses_leases (id, renewed_at) VALUES ($1, $2)", stored.id, now)
+            await db.execute(KEEP, root_id, self._expiry(now))
+
+    async def update(self, stored: StoredResponse, runner: bool = False) -> bool:
+        now = time.time()
+        status = stored.response["status"]
+        size, items = stored.size()
+        async with self._connection(transaction=True) as db:
+            root_id = await db.fetchval(
+                "UPDATE responses SET status = $1, response = $2, output = $3, bytes = $4 + "
+                "coalesce(octet_length(conversation::text), 0), items = $5 + "
+                "coalesce(jsonb_array_length(conversation), 0), updated_at = $6, expires_at = $7 WHERE id = $8 AND "
+                "owner = $9 AND NOT deleted AND (status = ANY($10::text[]) OR ($11 AND status = 'cancelled' AND EXISTS "
+                "(SELECT 1 FROM responses_leases l WHERE l.id = responses.id))) RETURNING root_id",
+                status, without_output(stored.response), stored.response.get("output") or [], size, items, now,
+                self._expiry(now), stored.id, stored.owner, list(UNFINISHED), runner and status == "cancelled",
+            )  # fmt: skip
+            if root_id is None:
+                return False
+            if runner and status not in UNFINISHED:
+                await db.execute("DELETE FROM responses_leases WHERE id = $1", stored.id)
+            await db.execute(KEEP, root_id, self._expiry(now))
+        return True
 
     async def delete(self, response_id: str, owner: str) -> bool:
-        status = await self._run("DELETE FROM responses WHERE id = $1 AND owner = $2", "execute", response_id, owner)
-        return affected(status) > 0
+        async with self._connection(transaction=True) as db:
+            found = await db.fetchrow(f"SELECT previous_id, root_id FROM responses WHERE id = $1 AND owner = $2 AND "
+                                      f"{VISIBLE} FOR UPDATE", response_id, owner, time.time())  # fmt: skip
+            if found is None:
+                return False
+            previous_id, root_id = found["previous_id"], found["root_id"]
+            await db.execute("DELETE FROM responses_leases WHERE id = $1", response_id)
+            if await db.fetchval("SELECT 1 FROM responses WHERE previous_id = $1 LIMIT 1", response_id):
+                await db.execute("UPDATE responses SET deleted = true WHERE id = $1", response_id)
+                return True
+            await db.execute("DELETE FROM responses WHERE id = $1", response_id)
+            for _ in range(MAX_TURNS):  # the hidden turns only this one still needed go with it
+                if previous_id is None:
+                    break
+                above = await db.fetchrow("SELECT previous_id, deleted FROM responses WHERE id = $1 FOR UPDATE",
+                                          previous_id)  # fmt: skip
+                needed = await db.fetchval("SELECT 1 FROM responses WHERE previous_id = $1 LIMIT 1", previous_id)
+                if above is None or not above["deleted"] or needed:
+                    break
+                await db.execute("DELETE FROM responses WHERE id = $1", previous_id)
+                previous_id = above["previous_id"]
+            if not await db.fetchval("SELECT 1 FROM responses WHERE root_id = $1 LIMIT 1", root_id):
+                await db.execute("DELETE FROM responses_conversations WHERE root_id = $1", root_id)
+        return True
 
-    async def touch(self, response_id: str) -> None:
-        """The row is alive: its ``updated_at`` is now (a background response's worker says so)."""
-        await self._run("UPDATE responses SET updated_at = $2 WHERE id = $1", "execute", response_id, time.time())
+    async def heartbeat(self, response_id: str) -> str | None:
+        now = time.time()
+        async with self._connection(transaction=True) as db:
+            await db.execute("UPDATE responses_leases SET renewed_at = $2 WHERE id = $1", response_id, now)
+            found = await db.fetchrow("SELECT status, deleted, root_id FROM responses WHERE id = $1", response_id)
+            if found is None or found["deleted"]:
+                return None
+            if found["status"] in UNFINISHED:
+                await db.execute(KEEP, found["root_id"], self._expiry(now))
+            return found["status"]
 
     async def fail_stale(self, before: float, error: dict[str, Any]) -> int:
-        """Every queued or in-progress row nobody wrote since ``before`` (its replica died) becomes
-        ``failed`` with ``error``, in its column and in its response; how many did."""
-        status = await self._run(
-            "UPDATE responses SET status = 'failed', updated_at = $3, response = jsonb_set(jsonb_set(response, "
-            "'{status}', '\"failed\"'), '{error}', $2::jsonb) WHERE status = ANY($4::text[]) AND updated_at < $1",
-            "execute", before, error, time.time(), list(UNFINISHED),
-        )  # fmt: skip
-        return affected(status)
+        """Fail the unfinished rows whose lease lapsed; 0 while another replica sweeps (it fails them)."""
+        now = time.time()
+        async with self._connection(transaction=True) as db:
+            if not await db.fetchval("SELECT pg_try_advisory_xact_lock($1)", SWEEP_LOCK):
+                return 0
+            stale = [row["id"] for row in await db.fetch("DELETE FROM responses_leases WHERE renewed_at < $1 "
+                                                         "RETURNING id", before)]  # fmt: skip
+            if not stale:
+                return 0
+            roots = await db.fetch(
+                "UPDATE responses SET status = 'failed', updated_at = $3, expires_at = $4, response = "
+                "jsonb_set(jsonb_set(response, '{status}', '\"failed\"'), '{error}', $2::jsonb) WHERE id = "
+                "ANY($1::text[]) AND status = ANY($5::text[]) AND NOT deleted RETURNING root_id",
+                stale, error, now, self._expiry(now), list(UNFINISHED),
+            )  # fmt: skip
+            for root_id in {row["root_id"] for row in roots}:
+                await db.execute(KEEP, root_id, self._expiry(now))
+        return len(roots)
 
     async def close(self) -> None:
         """Close the pool (gracefully on the loop that opened it); a later call opens a new one."""
@@ -169,19 +299,6 @@ class PostgresResponseStore:
             abandon(pool)
 
 
-async def create_schema(connection: asyncpg.Connection) -> None:
-    """Make the tables and record the version, in the caller's transaction, one replica at a time."""
-    await connection.execute("SELECT pg_advisory_xact_lock($1)", SCHEMA_LOCK)
-    await connection.execute("CREATE TABLE IF NOT EXISTS schema_version (version INTEGER NOT NULL)")
-    version = await connection.fetchval("SELECT max(version) FROM schema_version")
-    if version is not None and version > SCHEMA_VERSION:  # checked before any DDL touches a newer layout
-        raise RuntimeError(f"the PostgreSQL responses store has schema version {version}; this Decoda reads "
-                           f"version {SCHEMA_VERSION} (upgrade Decoda)")  # fmt: skip
-    await connection.execute(SCHEMA)
-    if version is None:
-        await connection.execute("INSERT INTO schema_version (version) VALUES ($1)", SCHEMA_VERSION)
-
-
 def abandon(pool: asyncpg.Pool) -> None:
     """Drop the connections of a pool whose loop is gone (tests that run one loop per call), as far as
     a closed loop still allows; the rest close when the pool is collected."""
@@ -189,8 +306,3 @@ def abandon(pool: asyncpg.Pool) -> None:
         pool.terminate()
     except RuntimeError:  # its loop is closed
         pass
-
-
-def affected(status: str) -> int:
-    """The row count of a command tag (``DELETE 1``, ``UPDATE 3``)."""
-    return int(status.rsplit(" ", 1)[-1])

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import inspect
 
-from server.api.responses.store import ResponseStore, SqliteResponseStore
+from server.api.responses.store import ResponseStore
 from server.api.responses.store_postgres import PostgresResponseStore
+from server.api.responses.store_sqlite import SqliteResponseStore
 from server.config.settings import Settings
 from server.config.store_url import POSTGRES_SCHEMES
 

@@ -9,17 +9,23 @@ its call. The newest item is always kept: a conversation whose last item alone d
 the same 400 as with ``"disabled"``, which keeps every item and refuses what does not fit.
 
 The number of items to drop is found by bisection over the template's rendering (a prompt only
-gets shorter as items go), so a long conversation costs a few renderings, not one per item.
+gets shorter as items go), so a long conversation costs a few renderings, not one per item. What
+gets tokenized is bounded by the context, not by the conversation: a token spells at most
+``max_chars_per_token`` characters (the tokenizer's longest), so items whose characters, with what
+is always kept, pass ``max_model_len * max_chars_per_token`` cannot all be in a prompt that fits:
+the oldest of them are dropped before anything is rendered, and with ``"disabled"`` such a
+conversation is the 400 before any tokenizer work.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from decoding import EngineClient, GenerationParams
 from decoding.params.lengths import new_token_limit
 from server.api.generation import templated
-from server.api.responses.items import call_ids, template_messages
+from server.api.responses.items import call_ids, item_texts, template_messages
 from server.api.responses.protocol import ResponsesRequest
 
 KEPT_ROLES = ("system", "developer")
@@ -58,6 +64,24 @@ def fits(client: EngineClient, rendered: Rendered) -> bool:
     return len(prompt_ids) + new_token_limit(params, len(prompt_ids)) <= client.max_model_len
 
 
+def unkeepable(client: EngineClient, body: ResponsesRequest, items: list[dict[str, Any]], units: list[list[int]],
+               tools: list[dict[str, Any]] | None) -> int:  # fmt: skip
+    """How many of the oldest units no prompt that fits can hold: with them, the text has more
+    characters than the context's tokens can spell. The newest unit is never counted."""
+    per_token = client.facts.max_chars_per_token
+    if per_token is None:
+        return 0
+    sizes = [sum(len(text) for index in unit for text in item_texts(items[index])) for unit in units]
+    in_units = {index for unit in units for index in unit}
+    total = sum(len(text) for index, item in enumerate(items) if index not in in_units for text in item_texts(item))
+    total += len(body.instructions or "") + (len(json.dumps(tools)) if tools else 0) + sum(sizes)
+    dropped = 0
+    while dropped < len(units) - 1 and total > client.max_model_len * per_token:
+        total -= sizes[dropped]
+        dropped += 1
+    return dropped
+
+
 async def rendered(
     client: EngineClient, body: ResponsesRequest, params: GenerationParams, conversation: list[dict[str, Any]]
 ) -> Rendered:
@@ -68,11 +92,16 @@ async def rendered(
     async def render(items: list[dict[str, Any]]) -> Rendered:
         return await templated(client, body, params, template_messages(body.instructions, items), tools)
 
-    whole = await render(conversation)
-    if body.truncation != "auto" or fits(client, whole):
-        return whole
+    if body.truncation != "auto":  # one that cannot fit is the 400 without tokenizing it
+        texts = [text for item in conversation for text in item_texts(item)] + [body.instructions or ""]
+        client.check_text_size(texts + ([json.dumps(tools)] if tools else []), "input")
+        return await render(conversation)
     units = droppable_units(conversation)
-    low, high = 1, len(units) - 1  # how many units to drop: the newest one always stays
+    least = unkeepable(client, body, conversation, units, tools)
+    whole = await render(without_oldest(conversation, units, least))
+    if fits(client, whole):
+        return whole
+    low, high = least + 1, len(units) - 1  # how many units to drop: the newest one always stays
     best = None
     while low <= high:
         middle = (low + high) // 2
@@ -83,4 +112,4 @@ async def rendered(
             low = middle + 1
     if best is not None:
         return best
-    return await render(without_oldest(conversation, units, len(units) - 1)) if len(units) > 1 else whole
+    return await render(without_oldest(conversation, units, len(units) - 1)) if len(units) > least + 1 else whole
