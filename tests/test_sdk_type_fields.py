@@ -28,6 +28,7 @@ from anthropic.types.user_message_param import UserMessageParam
 from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageParam, ChatCompletionToolUnionParam
 from openai.types.chat.chat_completion_tool_choice_option_param import ChatCompletionToolChoiceOptionParam
 from openai.types.responses import ResponseFunctionToolCall, ResponseInputItemParam, ResponseOutputItem, ToolParam
+from openai.types.responses.input_token_count_params import InputTokenCountParams
 from openai.types.responses.response_create_params import ToolChoice
 
 from decoding import ServedModel
@@ -87,6 +88,20 @@ def _anthropic_turns(block: Any) -> dict:  # noqa: ANN401
     return {"model": MODEL, "max_tokens": 1, "messages": turns}
 
 
+def _counted(fields: dict) -> dict:
+    """A count's body: a message after the items (a conversation of a reasoning item alone has none),
+    a tool for a tool_choice to name."""
+    given = fields.get("input", "hello")
+    tools = fields.get("tools") or ([FUNCTION_TOOL] if fields.get("tool_choice") is not None else None)
+    return {**fields, "input": [*given, HELLO] if isinstance(given, list) else given, "tools": tools}
+
+
+def _something_to_count(fields: dict) -> bool:
+    """Not a count of nothing, of a response that was never stored, or for a model not served."""
+    return not ("input" in fields and fields["input"] is None) and fields.get("previous_response_id") is None and \
+        fields.get("model") in (None, MODEL)  # fmt: skip
+
+
 SLOTS = {
     "responses-input": Slot("/v1/responses", ResponseInputItemParam, "input[0]",
                             lambda item: {"input": [item, HELLO], "max_output_tokens": 1}),
@@ -106,6 +121,10 @@ SLOTS = {
     "chat-tool-choice": Slot("/v1/chat/completions", ChatCompletionToolChoiceOptionParam, "tool_choice",
                              lambda choice: {"model": MODEL, "messages": [HELLO], "tools": [CHAT_TOOL],
                                              "tool_choice": choice, "max_tokens": 1}),
+    # the body itself: its items, tools and choices are walked above
+    "responses-input-tokens": Slot("/v1/responses/input_tokens", InputTokenCountParams, "", _counted,
+                                   walked_elsewhere=(ResponseInputItemParam, ToolParam, ToolChoice),
+                                   plausible=_something_to_count),
     # a turn's blocks are walked by "messages-blocks", each in the turn that may carry it
     "messages-messages": Slot("/v1/messages", MessageParam, "messages[0]",
                               lambda message: {"model": MODEL, "max_tokens": 1, "messages": [message, HELLO]},
@@ -261,7 +280,7 @@ def test_allowed_tools_naming_a_tool_not_offered_is_a_400(tmp_path):
     assert "get_time" in error_of(response)["message"]
 
 
-# ---- GET /v1/models/{id}, GET /version ---------------------------------------------------------------
+# ---- GET /v1/models/{id}, GET /version, POST /v1/responses/input_tokens -------------------------------
 class AdapterEngine(RecordingEngine):
     """The fake engine serving a LoRA adapter whose name holds a slash, as a hub id does."""
 
@@ -313,20 +332,77 @@ def test_version_is_open_and_names_the_installed_release():
     assert run(get(engine, f"/v1/models/{MODEL}", api_key="secret")).status_code == 401  # the API is not
 
 
+def test_input_tokens_count_is_the_prompt_a_response_with_those_fields_reads(tmp_path):
+    server = Server(tmp_path)
+    app = server.app
+
+    async def go() -> None:
+        client = openai_client(app)
+        fields = {"model": MODEL, "instructions": "answer in words", "tools": [FUNCTION_TOOL],
+                  "input": [{"role": "user", "content": "the weather in Oslo"}]}  # fmt: skip
+        counted = await client.responses.input_tokens.count(**fields)
+        assert counted.object == "response.input_tokens"
+        first = await client.responses.create(**fields, max_output_tokens=2)
+        assert counted.input_tokens == first.usage.input_tokens > 0
+        more = {"model": MODEL, "previous_response_id": first.id, "input": "and tomorrow"}
+        counted = await client.responses.input_tokens.count(**more)
+        second = await client.responses.create(**more, max_output_tokens=2)
+        assert counted.input_tokens == second.usage.input_tokens > first.usage.input_tokens
+
+    run(go())
+    assert server.engine.templates[-1] == server.engine.templates[-2]  # the count rendered the same prompt
+
+
+@pytest.mark.parametrize(("body", "status", "param"), [
+    ({"model": "nope", "input": "hi"}, 404, "model"),
+    ({"input": "hi", "previous_response_id": "resp_none"}, 404, "previous_response_id"),
+    ({"input": "hi", "personality": "friendly"}, 400, "personality"),
+    ({"input": "hi", "conversation": "conv_1"}, 400, "conversation"),
+    ({"input": "hi", "max_output_tokens": 3}, 400, "max_output_tokens"),  # not a field of the count
+    ({"input": [{"type": "function_call", "call_id": "c", "name": "f", "arguments": "[1]"}]}, 400, "input"),
+])  # fmt: skip
+def test_input_tokens_refusals_name_the_field(tmp_path, body, status, param):
+    response = Server(tmp_path).call("POST", "/v1/responses/input_tokens", body)
+    assert response.status_code == status, response.text
+    assert error_of(response)["param"] == param
+
+
 def test_openapi_states_the_new_operations_and_their_errors():
     doc = run(get(FakeEngineClient(), "/openapi.json")).json()
     models = doc["paths"]["/v1/models/{model_id}"]["get"]["responses"]
     assert {"200", "401", "404", "429", "500", "503"} <= set(models) and "422" not in models
+    counting = doc["paths"]["/v1/responses/input_tokens"]["post"]
+    assert {"200", "400", "404", "413", "429", "500", "503"} <= set(counting["responses"])
+    body = counting["requestBody"]["content"]["application/json"]["schema"]["$ref"].rsplit("/", 1)[-1]
+    fields = set(doc["components"]["schemas"][body]["properties"])
+    assert {"input", "instructions", "previous_response_id", "tools", "tool_choice", "personality", "conversation",
+            "truncation", "text", "reasoning", "parallel_tool_calls", "model"} <= fields  # fmt: skip
     assert "security" not in doc["paths"]["/version"]["get"]
+
+
+def test_a_method_input_tokens_does_not_take_is_its_own_405():
+    async def options() -> httpx.Response:
+        async with client_for(FakeEngineClient()) as http:
+            return await http.options("/v1/responses/input_tokens")
+
+    response = run(options())
+    assert response.status_code == 405 and response.headers["allow"] == "POST"
 
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_the_real_server_retrieves_models_and_names_its_version(shared_server):
-    """Against ``decoda serve`` with SmolLM2."""
+def test_the_real_server_retrieves_models_counts_input_tokens_and_names_its_version(shared_server):
+    """Against ``decoda serve`` with SmolLM2: the count is the prompt its chat template renders with the
+    tools, the ``usage.input_tokens`` of the same response."""
     base = shared_server(*PLAIN)
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     assert client.models.retrieve(E2E_MODEL).id == E2E_MODEL
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("no-such-model")
+    fields = {"model": E2E_MODEL, "instructions": "Answer briefly.", "input": "What is the weather in Paris?",
+              "tools": [{**FUNCTION_TOOL, "description": "The weather in a city"}]}  # fmt: skip
+    counted = client.responses.input_tokens.count(**fields)
+    created = client.responses.create(**fields, max_output_tokens=3, temperature=0)
+    assert counted.input_tokens == created.usage.input_tokens
+    assert counted.input_tokens > client.responses.input_tokens.count(model=E2E_MODEL, input="hi").input_tokens
     assert httpx.get(f"{base}/version").json() == {"version": importlib.metadata.version("decoda")}

@@ -23,6 +23,7 @@ from server.api.completions import route as completions_route
 from server.api.lora import route as lora_route
 from server.api.messages import protocol as messages_protocol
 from server.api.messages import route as messages_route
+from server.api.responses import input_tokens as responses_input_tokens
 from server.api.responses import protocol as responses_protocol
 from server.api.responses import route as responses_route
 from server.api.tokenize import route as tokenize_route
@@ -49,6 +50,9 @@ APIS: tuple[Api, ...] = (
         (completions_protocol.CompletionRequest,)),
     Api(chat_route.router, {"/v1/chat/completions": GENERATION_ERRORS},
         (chat_protocol.ChatCompletionRequest,), (("ChatCompletionRequest", "messages"),)),
+    # before the responses' own routes: a method /v1/responses/input_tokens does not take is its 405 (Allow: POST),
+    # not that of /v1/responses/{response_id}
+    Api(responses_input_tokens.router, {"/v1/responses/input_tokens": GENERATION_ERRORS}),
     Api(responses_route.router, {"/v1/responses": GENERATION_ERRORS,
                                  "/v1/responses/{response_id}": ("400", "401", "404", "429", "500"),
                                  "/v1/responses/{response_id}/cancel": ("400", "401", "404", "429", "500"),
