@@ -18,11 +18,11 @@ prompt, what ``count_tokens`` says), ``output_tokens`` the reply's.
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
 from decoding import FinishReason, RequestOutput, SequenceDelta
+from server.output.exact_json import loads
 from server.output.reasoning import ReasoningFormat, ReasoningStream, thinking_block
 from server.output.tool_parser import ParserFactory, ToolCall, ToolStream
 
@@ -50,8 +50,10 @@ def stop_reason_of(finish_reason: str | None, stopped_by: str | int | None, num_
 
 
 def tool_use_block(call: ToolCall) -> dict[str, Any]:
+    """The call as a block; its ``input`` read exactly (``server.output.exact_json``: a ``1e999`` stays
+    as written, never ``inf``, which no strict JSON encoder writes)."""
     return {"type": "tool_use", "id": "toolu_" + call.id.removeprefix("call_"), "name": call.name,
-            "input": json.loads(call.arguments)}  # fmt: skip
+            "input": loads(call.arguments)}  # fmt: skip
 
 
 class ContentBlocks:

@@ -13,7 +13,7 @@ from functools import partial
 from typing import Any
 
 from fastapi import APIRouter, Depends, Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
 from decoding.params import check_size
@@ -25,6 +25,7 @@ from server.api.messages.protocol import Conversation, CountTokensRequest, Messa
 from server.http.auth import require_api_key
 from server.http.errors import from_output
 from server.http.limits import caller_hold
+from server.output.exact_json import ExactJSONResponse
 from server.output.streaming import merge, until_disconnect
 from server.output.tool_parser import PARSERS, ParserFactory
 from server.translate.structured import answer_after_thinking, reasoning_of
@@ -57,7 +58,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     streams = await submit(client, reply.message_id, [prompt_ids], params)
     if body.stream:
         return EventSourceResponse(message_events(streams, reply), ping=15)
-    return JSONResponse(await until_disconnect(request, _whole(streams, reply)))
+    return ExactJSONResponse(await until_disconnect(request, _whole(streams, reply)))  # 1e999 in an input, as written
 
 
 async def _whole(streams: list, reply: Reply) -> dict[str, Any]:

@@ -5,7 +5,11 @@ the pieces of its grammar).
 A format's parser is a stream (``feed`` text deltas, then ``finish``) so that a whole reply and a
 streamed one are read by the same rules (``parse_whole``). What counts as a call, as OpenAI's own
 parser would have it: a function among the offered ones (``names``) with an object for arguments;
-anything else stays content. A reply cut short (``finish(truncated=True)``) drops its unfinished call.
+anything else stays content. A reply cut short (``finish(truncated=True)``) keeps every call it
+finished and drops the one it was cut in (a call is finished when its arguments' JSON is whole: the
+format's closing marker after it carries nothing). Arguments are read and written with
+``server.output.exact_json``: a number no float holds (``1e999``) stays as the model wrote it, never
+``Infinity``.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ import uuid
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from server.output.exact_json import dumps, loads
 
 
 @dataclass
@@ -33,18 +39,18 @@ def named_call(name: Any, arguments: Any, names: Collection[str] | None) -> Tool
         return None
     if isinstance(arguments, str):  # some models write OpenAI's string form
         try:
-            parsed = json.loads(arguments)
-        except json.JSONDecodeError:
+            parsed = loads(arguments)
+        except ValueError:
             return None
         return ToolCall(name, arguments) if isinstance(parsed, dict) else None
-    return ToolCall(name, json.dumps(arguments)) if isinstance(arguments, dict) else None
+    return ToolCall(name, dumps(arguments)) if isinstance(arguments, dict) else None
 
 
 def parse_call(body: str, names: Collection[str] | None = None) -> ToolCall | None:
     """A call's JSON ``{"name": ..., "arguments" (or "parameters"): {...}}``, or None when it is not one."""
     try:
-        call = json.loads(body)
-    except json.JSONDecodeError:
+        call = loads(body)
+    except ValueError:
         return None
     if not isinstance(call, dict):
         return None
@@ -54,8 +60,8 @@ def parse_call(body: str, names: Collection[str] | None = None) -> ToolCall | No
 def parse_arguments(name: str, body: str, names: Collection[str] | None) -> ToolCall | None:
     """A call whose name the format writes outside its JSON (Mistral's ``[ARGS]``, harmony's recipient)."""
     try:
-        arguments = json.loads(body)
-    except json.JSONDecodeError:
+        arguments = loads(body)
+    except ValueError:
         return None
     return named_call(name, arguments, names)
 
@@ -109,6 +115,11 @@ def partial_marker(text: str, markers: Collection[str]) -> int:
         if any(marker.startswith(text[-size:]) for marker in markers):
             return size
     return 0
+
+
+def before_partial_marker(text: str, markers: Collection[str]) -> str:
+    """``text`` less the tail that may begin one of ``markers`` (a closing marker a cut left unfinished)."""
+    return text[: len(text) - partial_marker(text, markers)]
 
 
 class Brackets:

@@ -16,6 +16,7 @@ from server.output.tool_formats.calls import (
     ModeStream,
     ToolCall,
     ToolFormat,
+    before_partial_marker,
     json_call_rules,
     parse_arguments,
     partial_marker,
@@ -40,11 +41,13 @@ class HarmonyStream(ModeStream):
         self._pending, self._mode = "", "outside"
         if mode in ("outside", "body"):
             return rest, []
+        if mode == "call":  # a call whose JSON is whole is finished, even cut inside its end marker
+            body = before_partial_marker(rest, (CALL, END)) if truncated else rest
+            call = parse_arguments(self._function, body.strip(), self.names)
+            if call is not None:
+                return "", [call]
         if truncated:  # cut inside a header or a call: neither a call nor content
             return "", []
-        if mode == "call":
-            call = parse_arguments(self._function, rest.strip(), self.names)
-            return ("", [call]) if call is not None else (self._header + rest, [])
         return self._header + rest, []
 
     def _outside(self) -> Step:

@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from server.output.tool_formats.calls import Brackets, ToolCall, ToolFormat, json_call_rules, parse_call, partial_marker
+from server.output.tool_formats.calls import (
+    Brackets,
+    ToolCall,
+    ToolFormat,
+    before_partial_marker,
+    json_call_rules,
+    parse_call,
+    partial_marker,
+)
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 
@@ -84,16 +92,18 @@ class HermesStream:
             return content, calls
 
     def finish(self, truncated: bool = False) -> tuple[str, list[ToolCall]]:
-        """The stream ended. An unclosed call: dropped when the reply was cut short (``truncated``),
-        else a call if its JSON is whole, else plain text."""
+        """The stream ended. An unclosed call is a call if its JSON is whole (a reply cut short,
+        ``truncated``, inside the closing tag finished the call: the tag adds nothing); else it is
+        dropped when the reply was cut inside it, or plain text when the model ended it so."""
         rest, self._pending = self._pending, ""
         if self._scan is None:
             return rest, []
         self._scan = None
-        if truncated:
-            return "", []
-        call = parse_call(rest.strip(), self.names)
-        return ("", [call]) if call is not None else (OPEN + rest, [])
+        body = before_partial_marker(rest, (CLOSE,)) if truncated else rest
+        call = parse_call(body.strip(), self.names)
+        if call is not None:
+            return "", [call]
+        return ("", []) if truncated else (OPEN + rest, [])
 
 
 HERMES = ToolFormat(

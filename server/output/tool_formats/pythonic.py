@@ -3,7 +3,8 @@ Python list of calls with keyword arguments, ``[get_weather(city="Oslo"), get_ti
 it in ``<|python_start|>``...``<|python_end|>``).
 
 Arguments are Python literals, read with ``ast`` (never evaluated); JSON's ``true``/``false``/``null``
-are read too, since a model trained on JSON writes them inside nested values. The grammar writes each
+are read too, since a model trained on JSON writes them inside nested values. A number no float holds
+(``1e999``) is kept as written when that is a JSON number (``server.output.exact_json``). The grammar writes each
 function's parameters as keywords in the schema's order, the required ones always: a keyword a schema
 does not name cannot be written (as under ``strict``, whatever the tool says), since Python's keywords
 are not a JSON object a schema's ``additionalProperties`` could bound.
@@ -13,8 +14,10 @@ from __future__ import annotations
 
 import ast
 import json
+import math
 from typing import Any
 
+from server.output.exact_json import RawNumber, dumps
 from server.output.tool_formats.calls import ToolCall, ToolFormat, literal, named_call
 from server.output.tool_formats.leading import CONTENT, END, ITEM, SKIP, LeadingCallsStream
 
@@ -52,27 +55,30 @@ def python_call(text: str, names: Any = None) -> ToolCall | None:  # noqa: ANN40
     if any(keyword.arg is None for keyword in node.keywords):  # **kwargs
         return None
     try:
-        arguments = {keyword.arg: _value(keyword.value) for keyword in node.keywords}
-        json.dumps(arguments)
+        arguments = {keyword.arg: _value(keyword.value, text.strip()) for keyword in node.keywords}
+        dumps(arguments)
     except (ValueError, TypeError, SyntaxError):
         return None
     return named_call(node.func.id, arguments, names)
 
 
-def _value(node: ast.expr) -> Any:  # noqa: ANN401
+def _value(node: ast.expr, source: str) -> Any:  # noqa: ANN401
     if isinstance(node, ast.Name) and node.id in _JSON_NAMES:
         return _JSON_NAMES[node.id]
     if isinstance(node, ast.Dict):
         if any(key is None for key in node.keys):
             raise ValueError("** in a dict")
-        return {_key(key): _value(value) for key, value in zip(node.keys, node.values, strict=True)}
+        return {_key(key, source): _value(value, source) for key, value in zip(node.keys, node.values, strict=True)}
     if isinstance(node, ast.List | ast.Tuple):
-        return [_value(element) for element in node.elts]
-    return ast.literal_eval(node)
+        return [_value(element, source) for element in node.elts]
+    value = ast.literal_eval(node)
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999: kept as written (a ValueError unless JSON)
+        return RawNumber(ast.get_source_segment(source, node) or "")
+    return value
 
 
-def _key(node: ast.expr | None) -> str:
-    key = _value(node) if node is not None else None
+def _key(node: ast.expr | None, source: str) -> str:
+    key = _value(node, source) if node is not None else None
     if not isinstance(key, str):
         raise ValueError("a non-string key")
     return key
