@@ -14,7 +14,7 @@ grammar bitmask does for its sampler. A banned token is -inf, as every ban is.
 
 Two ways a constraint can fail mid-generation, and neither may pass for a normal end: the matcher
 reaches its error state (a limit of llguidance's, or a state the grammar cannot continue from), or
-the request's masks cost too much time. An ambiguous grammar (``s: s s | "a"``) compiles in a
+the request's masks cost too much CPU work. An ambiguous grammar (``s: s s | "a"``) compiles in a
 millisecond and then grows each row's mask with every token (4 ms at token 200, 440 ms at 900),
 which would slow every step of every request in the batch; each request's rows share a
 ``MaskBudget``, and a request whose masks average more than ``MEAN_CALL_LIMIT_S`` per call over its
@@ -24,6 +24,16 @@ streaming), logs and counts (``decoda_structured_output_failures_total``). Masks
 after row on the worker thread: llguidance's parallel ``fill_next_token_bitmask_par`` measured no
 faster on two cores (16 JSON-schema rows 0.51 ms against 0.20 ms; 16 ambiguous rows 62 against
 49 ms) and would hide which request spent the time.
+
+What the budget counts is the worker thread's own CPU time inside llguidance's mask call
+(``time.thread_time``: ``LLMatcher.unsafe_compute_mask_ptr`` computes on the calling thread, with the
+GIL released), not wall-clock time: on a busy machine the wall clock also counts the time the thread
+waited for a core (other processes, torch's own threads) and for the GIL to come back from the event
+loop (up to the 5 ms switch interval per call), which once made a ``{name, age}`` schema, whose masks
+cost tens of microseconds, look "too ambiguous". llguidance's deterministic fuel limits (``LIMITS``:
+``step_max_items``, ``step_lexer_fuel``) cannot say it instead: the ambiguous grammar's cost grows in
+the parser's work over earlier rows, not in the items it adds per mask (a 2,000-item limit stops it
+only at token ~250, at ~20 ms a mask).
 """
 
 from __future__ import annotations
@@ -38,6 +48,7 @@ from llguidance import LLMatcher
 from decoding.params import GenerationParams
 
 _BITS = 32
+# CPU seconds of the worker thread (time.thread_time), never wall-clock seconds
 ROW_LIMIT_S = 0.05  # one row's one mask: far past any schema's (tens of microseconds to a few ms)
 MEAN_CALL_LIMIT_S = 0.005  # a request's masks per call (all its rows), averaged over its last calls
 WINDOW_CALLS = 8  # calls the average is taken over (none counts before that many)
@@ -54,7 +65,7 @@ class GrammarFailure(ValueError):
 
 @dataclass
 class MaskBudget:
-    """The mask time one request spends, over all its rows, call by call; shared by its rows' grammars
+    """The mask CPU time one request spends, over all its rows, call by call; shared by its rows' grammars
     (forks included), so ``n`` rows or beams of one request are charged together. What counts is the
     average of its last ``WINDOW_CALLS`` calls: a mask's cost that keeps growing (an ambiguous grammar:
     quadratically with the tokens) is caught as soon as it stays high, a one-off spike (a first mask
@@ -64,12 +75,12 @@ class MaskBudget:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW_CALLS))
 
     def charge(self, seconds: float) -> None:
-        """Add one call's mask time (all of this request's rows in it); raise when over budget."""
+        """Add one call's mask CPU time (all of this request's rows in it); raise when over budget."""
         self.recent.append(seconds)
         mean = sum(self.recent) / len(self.recent)
         if len(self.recent) == WINDOW_CALLS and mean > MEAN_CALL_LIMIT_S:
             raise GrammarFailure(
-                f"{self.param}: the constraint took {mean * 1e3:.1f} ms per step to check over its last "
+                f"{self.param}: the constraint took {mean * 1e3:.1f} ms of CPU per step to check over its last "
                 f"{WINDOW_CALLS} steps (at most {MEAN_CALL_LIMIT_S * 1e3:g} ms): it is too ambiguous to serve; "
                 "simplify it",
                 self, "budget",
@@ -106,7 +117,8 @@ class RowGrammar:
 
     def fill(self, words: torch.Tensor) -> float:
         """Write the allowed-token bitmask (``[ceil(vocab / 32)]`` int32, on the CPU) into ``words``;
-        the seconds it took. A matcher in its error state is a ``GrammarFailure``, never a quiet eos."""
+        the CPU seconds it took this thread. A matcher in its error state is a ``GrammarFailure``, never
+        a quiet eos."""
         if self.broken:
             words.zero_()  # only eos, below: a beam candidate outside the grammar, scored -inf, ends
             for token in self.eos_token_ids:
@@ -116,19 +128,19 @@ class RowGrammar:
             reason = " ".join(self.matcher.get_error().split())[:300]
             message = f"{self.budget.param}: the constraint cannot continue: {reason}"
             raise GrammarFailure(message, self.budget, "error")
-        started = time.perf_counter()
+        started = time.thread_time()
         self.matcher.unsafe_compute_mask_ptr(words.data_ptr(), words.numel() * words.element_size())
-        seconds = time.perf_counter() - started
+        seconds = time.thread_time() - started
         if seconds > ROW_LIMIT_S:
-            message = (f"{self.budget.param}: one step of the constraint took {seconds * 1e3:.0f} ms to check (at "
-                       f"most {ROW_LIMIT_S * 1e3:g} ms); simplify it")  # fmt: skip
+            message = (f"{self.budget.param}: one step of the constraint took {seconds * 1e3:.0f} ms of CPU to check "
+                       f"(at most {ROW_LIMIT_S * 1e3:g} ms); simplify it")  # fmt: skip
             raise GrammarFailure(message, self.budget, "budget")
         return seconds
 
 
 def apply_grammar_masks(scores: torch.Tensor, rows: list[int], grammars: list[RowGrammar]) -> None:
     """Ban, in ``scores`` (``[num_rows, vocab_size]``), every token each row's grammar does not allow next;
-    each request's mask time is charged to its budget."""
+    each request's mask CPU time is charged to its budget."""
     vocab_size = scores.shape[1]
     # on the CPU whatever the engine's device: llguidance writes the bits through a host pointer
     words = torch.zeros((len(rows), (vocab_size + _BITS - 1) // _BITS), dtype=torch.int32, device="cpu")
