@@ -5,7 +5,8 @@ SmolLM2's reply starts inside its thinking. The small model never closes it by i
 reply) and ``min_tokens`` keeps it from stopping there: the reply then holds a thinking block and an
 answer, which must split exactly (the reply's own text, from its token ids), streamed and not, on
 chat, the Responses API and the Messages API (the ``anthropic`` SDK); a json_schema constrains the
-answer only."""
+answer only. Issue 50: Anthropic's ``thinking`` (a budget cut by forcing ``</think>``, ``disabled``, thinking
+blocks sent back in a tool loop's second turn) and the reasoning tokens counted in every API's usage."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength":
 def client(smollm2, tmp_path_factory):
     template = tmp_path_factory.mktemp("reasoning") / "think.jinja"
     template.write_text(TEMPLATE)
-    base, proc = start_server("--max-model-len", "1024", "--reasoning-parser", "deepseek_r1",
+    base, proc = start_server("--max-model-len", "2048", "--reasoning-parser", "deepseek_r1",
                               "--chat-template", str(template))  # fmt: skip
     yield openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
     stop_server(proc)
@@ -143,3 +144,70 @@ def test_enable_thinking_false_renders_no_thinking_and_splits_nothing(client):
     with pytest.raises(openai.BadRequestError) as refused:
         chat(client, max_tokens=20, extra_body={"chat_template_kwargs": {"messages": []}})
     assert refused.value.body["param"] == "chat_template_kwargs.messages"
+
+
+# ---- issue 50 -------------------------------------------------------------------------------------
+END_IDS = [9617, 17400, 46]  # SmolLM2's "</", "think", ">"
+WEATHER = {"name": "get_weather", "description": "The weather in a city",
+           "input_schema": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                            "required": ["city"], "additionalProperties": False}}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def claude(base):  # noqa: ANN201
+    return anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+
+
+def test_usage_counts_the_reasoning_tokens_on_chat_and_responses(client, smollm2):
+    """Every token up to the end of ``</think>`` and the whitespace after it is the thinking's."""
+    body = chat(client, extra_body={"return_token_ids": True})
+    ids = body.choices[0].model_extra["token_ids"]
+    end = next(i + len(END_IDS) for i in range(len(ids)) if ids[i : i + len(END_IDS)] == END_IDS)
+    while not smollm2.tokenizer.decode(ids[end : end + 1]).strip():
+        end += 1  # the separator after the tag
+    assert body.usage.completion_tokens_details.reasoning_tokens == end < body.usage.completion_tokens
+    streamed = [c for c in chat(client, stream=True, stream_options={"include_usage": True}) if c.usage]
+    assert streamed[-1].usage.completion_tokens_details.reasoning_tokens == end
+    request = dict(model=MODEL, input=MESSAGES[0]["content"], temperature=0, max_output_tokens=80, extra_body=KNOBS)
+    assert client.responses.create(**request).usage.output_tokens_details.reasoning_tokens == end
+
+
+def test_enabled_thinking_is_cut_at_its_budget_and_the_answer_follows(claude, smollm2):
+    """Without the budget the small model thinks on to ``max_tokens`` (``min_tokens`` keeps it from
+    stopping): the engine forces ``</think>`` once 1024 tokens are spent, and the answer follows."""
+    budget = 1024
+    reply = claude.messages.create(model=MODEL, max_tokens=1100, messages=MESSAGES,
+                                   thinking={"type": "enabled", "budget_tokens": budget},
+                                   extra_body={"temperature": 0, "min_tokens": budget + 8})  # fmt: skip
+    thinking, text = reply.content
+    assert thinking.type == "thinking" and text.type == "text" and text.text.strip()
+    thought = len(smollm2.tokenizer.encode(thinking.thinking, add_special_tokens=False))
+    assert budget - 16 <= thought <= budget  # its own tokens re-encoded; the tag forced right after them
+    assert "</think>" not in text.text and reply.usage.output_tokens <= 1100
+
+
+def test_disabled_thinking_is_no_thinking(claude):
+    request = dict(model=MODEL, max_tokens=20, messages=MESSAGES, extra_body={"temperature": 0})
+    thinking_on = claude.messages.count_tokens(model=MODEL, messages=MESSAGES).input_tokens
+    thinking_off = claude.messages.count_tokens(model=MODEL, messages=MESSAGES, thinking={"type": "disabled"})
+    assert thinking_off.input_tokens < thinking_on  # the template opened no <think>
+    reply = claude.messages.create(**request, thinking={"type": "disabled"})
+    assert [block.type for block in reply.content] == ["text"] and reply.content[0].text
+    with pytest.raises(anthropic.BadRequestError) as refused:
+        claude.messages.create(**request, thinking={"type": "enabled", "budget_tokens": 1024})
+    assert "max_tokens" in refused.value.message  # Anthropic's rule: the budget is below max_tokens
+
+
+def test_a_tool_loops_second_turn_sends_the_thinking_back(claude):
+    """Turn 1 thinks and calls (``any``: the call grammar after the thinking); turn 2 sends the assistant
+    turn back as the SDK returned it, thinking block included, with the tool's result."""
+    request = dict(model=MODEL, max_tokens=120, tools=[WEATHER], extra_body={"temperature": 0, **KNOBS})
+    first = claude.messages.create(**request, messages=MESSAGES, tool_choice={"type": "any"})
+    assert [block.type for block in first.content] == ["thinking", "tool_use"] and first.stop_reason == "tool_use"
+    call = first.content[1]
+    result = {"type": "tool_result", "tool_use_id": call.id, "content": "18 C"}
+    turns = [*MESSAGES, {"role": "assistant", "content": first.content}, {"role": "user", "content": [result]}]
+    second = claude.messages.create(**request, messages=turns)
+    assert second.content and second.stop_reason in ("end_turn", "tool_use", "max_tokens")
+    as_dicts = [*MESSAGES, {"role": "assistant", "content": [b.model_dump() for b in first.content]}, turns[-1]]
+    assert claude.messages.count_tokens(model=MODEL, messages=as_dicts, tools=[WEATHER]).input_tokens > 0

@@ -40,8 +40,14 @@ WHOLE = [
     (QWEN3, "<thin", None, "<thin"),
     (QWEN3, "<think>cut short", "cut short", ""),
     (QWEN3, "", None, ""),
-    (THINK, "a<think>b</think> c<think>d</think>e <th", "bd", "a ce <th"),
+    (THINK, "<think>a</think>\n<think>b</think>\n\nc <think>d</think>", "ab", "c <think>d</think>"),
+    (THINK, "<think>a</think> <th", "a", "<th"),
     (THINK, "plain", None, "plain"),
+    # once the answer has started, tags inside it are its text: the thinking never follows the answer
+    (THINK, "a<think>b</think> c<think>d</think>e <th", None, "a<think>b</think> c<think>d</think>e <th"),
+    (QWEN3, "<think>a</think> <think>b</think>", "a", "<think>b</think>"),
+    (R1, 'a</think>{"k": "</think> <think>"}', "a", '{"k": "</think> <think>"}'),
+    (QWEN3, '{"k": "<think>"}', None, '{"k": "<think>"}'),
 ]
 
 
@@ -165,20 +171,22 @@ def test_responses_output_a_reasoning_item_before_the_message_streamed_and_not()
     assert final["output"][0]["content"] == reasoning["content"]
 
 
-def test_a_reply_cut_short_while_thinking_has_an_incomplete_reasoning_item_and_an_empty_message():
+def test_a_reply_cut_short_while_thinking_has_an_incomplete_reasoning_item_and_no_empty_message():
     builder = ResponseBuilder("resp_1", "m", {}, reasoning=R1)
     events = ResponseEvents(builder)
-    out = RequestOutput("r", [SequenceDelta(0, "still thinking", [1], None, FinishReason.LENGTH)], 3, 1, finished=True)
-    events.feed(out)
-    _, final = events.finish()
+    out = RequestOutput("r", [SequenceDelta(0, "still thinking", [1, 2], None, FinishReason.LENGTH)], 3, 2,
+                        finished=True)  # fmt: skip
+    closing = events.feed(out)
+    more, final = events.finish()
+    closing += more
     collected = Collected()
     collected.add(out)
     body = builder.body(collected)
     for response in (final, body):
         assert response["status"] == "incomplete"
-        assert [(i["type"], i["status"]) for i in response["output"]] == [("reasoning", "incomplete"),
-                                                                          ("message", "incomplete")]  # fmt: skip
-        assert response["output"][1]["content"][0]["text"] == ""
+        assert [(i["type"], i["status"]) for i in response["output"]] == [("reasoning", "incomplete")]
+        assert response["usage"]["output_tokens_details"] == {"reasoning_tokens": 2}
+    assert not any("output_text" in e["event"] or "message" in e["data"] for e in closing)
 
 
 def test_a_replayed_stream_has_the_same_reasoning_events():
@@ -314,3 +322,42 @@ def test_the_answer_validates_after_free_thinking_under_every_strategy(model, sm
         thought += thinking is not None
     assert answered >= len(schemas) // 2, f"{name}: only {answered} replies ended their thinking"
     assert thought or name == "beam"  # free text before the tag, which the answer's grammar would refuse
+
+
+# ---- the answer first: the thinking never follows it (issue 50) ---------------------------------------
+def test_tags_after_the_answer_started_are_its_text_on_every_api():
+    """``think`` once read any later block as thinking: Messages sent a thinking delta to the text block's
+    index and never stopped it, the Responses API gave two items one output_index."""
+    pieces = ["Hi <thi", "nk>x</think> there"]
+    body, deltas = chat(pieces, reasoning=THINK)
+    assert body["choices"][0]["message"]["content"] == "Hi <think>x</think> there"
+    assert not any(d.get("reasoning_content") for d in deltas)
+    reply = Reply("msg_1", "m", None, THINK)
+    events = [e for output in deltas_of(pieces) for e in reply.feed(output)]
+    kinds = [(e["type"], e["index"]) for e in events]
+    assert kinds == [("content_block_start", 0), ("content_block_delta", 0), ("content_block_delta", 0),
+                     ("content_block_stop", 0)]  # fmt: skip
+    assert reply.message()["content"] == [{"type": "text", "text": "Hi <think>x</think> there"}]
+    builder = ResponseBuilder("resp_1", "m", {}, reasoning=THINK)
+    stream = ResponseEvents(builder)
+    sent = [json.loads(e["data"]) for output in deltas_of(pieces) for e in stream.feed(output)]
+    sent += [json.loads(e["data"]) for e in stream.finish()[0]]
+    assert {e["output_index"] for e in sent} == {0} and [i["type"] for i in stream.output] == ["message"]
+
+
+def test_usage_counts_the_thinking_tokens_on_chat_and_responses():
+    """Each delta's tokens where its text went: the tags and the separator are the thinking's."""
+    pieces = ["<think>a", "b</think>", "\n", "c"]  # one token each: three thought, one answered
+    streamed, whole = (ChatFormat("id", "m", 1, reasoning=QWEN3, include_usage=True) for _ in range(2))
+    collected = Collected()
+    for output in deltas_of(pieces):
+        streamed.chunks(0, output)
+        collected.add(output)
+    details = {"reasoning_tokens": 3, "accepted_prediction_tokens": 0, "rejected_prediction_tokens": 0}
+    assert whole.body([collected])["usage"]["completion_tokens_details"] == details
+    assert streamed.usage_chunk()["usage"]["completion_tokens_details"] == details
+    plain = ChatFormat("id", "m", 1).body([collected])["usage"]  # no parser: nothing is thinking
+    assert plain["completion_tokens_details"]["reasoning_tokens"] == 0
+    body, events, _ = responses(["Let me ", "think.</th", "ink>\n\nIt is ", "42."])  # deepseek_r1
+    assert body["usage"]["output_tokens_details"] == events[-1]["response"]["usage"]["output_tokens_details"] == {
+        "reasoning_tokens": 2}  # fmt: skip

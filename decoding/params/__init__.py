@@ -4,7 +4,8 @@ Read in import order: ``errors`` (ParameterError, Bounds) → ``sizes`` (how lon
 the one table) → ``watermarking`` (HF's WatermarkingConfig) and ``structured`` (a constraint) →
 ``generation`` (GenerationParams, the strategy HF would pick) → ``bounds`` (the ranges table
 /openapi.json states) → ``lengths`` (HF's total lengths as per-row limits) →
-``knobs`` and ``custom_methods`` (checks of the newer knobs and of custom methods) → ``validate``
+``knobs``, ``custom_methods`` and ``thinking`` (checks of the newer knobs, of custom methods and of a
+thinking budget) → ``validate``
 (everything, once) → ``model_checks`` (what also depends on the served model) and
 ``model_defaults`` (a model's generation_config.json as request defaults).
 

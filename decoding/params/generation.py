@@ -99,6 +99,10 @@ class GenerationParams:
     # --- OpenAI's Predicted Outputs: text the reply is expected to repeat, a draft source for prompt lookup ---
     prediction: str | None = None  # text the server tokenizes into prediction_ids before submitting
     prediction_ids: list[int] | None = None  # searched before the row's own tokens (engine/drafting.py)
+    # --- a thinking budget (Anthropic's thinking.budget_tokens): the end tag forced once it is spent ---
+    thinking_budget: int | None = None  # the reply's tokens before the thinking must end (params/thinking.py)
+    thinking_end_ids: list[int] | None = None  # the end tag's ids (``</think>``), forced one by one
+    thinking_start_ids: list[int] | None = None  # the opening tag's ids; None: the prompt opened the thinking
     # --- LoRA adapters (issue 42): the adapter a request's ``model`` names; None runs the base model ---
     lora_name: str | None = None
     # --- custom decoding methods (issue 11) ---

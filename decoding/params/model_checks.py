@@ -17,6 +17,7 @@ from decoding.params.errors import ParameterError
 from decoding.params.generation import GenerationParams, guidance_active
 from decoding.params.knobs import check_knob_ids, check_max_length
 from decoding.params.lengths import new_token_limit
+from decoding.params.thinking import thinking_ids
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ def check_against_model(
     _check_ids(params.suppress_tokens or [], facts.vocab_size, "suppress_tokens")
     _check_ids(params.logit_bias or {}, facts.vocab_size, "logit_bias")
     _check_ids(params.stop_token_ids, facts.vocab_size, "stop_token_ids")
+    _check_ids(thinking_ids(params), facts.vocab_size, "thinking")
     check_knob_ids(params, facts.vocab_size)
     _check_layers(params, facts.num_layers)
     _check_rows(params, facts)

@@ -15,6 +15,7 @@ from decoding.params.errors import require
 from decoding.params.generation import GenerationParams, Strategy, guidance_active, is_assisted, resolve_strategy
 from decoding.params.knobs import validate_knobs
 from decoding.params.sizes import check_sizes
+from decoding.params.thinking import validate_thinking
 
 
 def validate(params: GenerationParams) -> None:
@@ -55,6 +56,7 @@ def validate(params: GenerationParams) -> None:
         params.watermarking_config.validate()
     _validate_guidance(params)
     _validate_structured(params)
+    validate_thinking(params)
     validate_custom(params)
 
 

@@ -9,7 +9,8 @@ Order (``GenerationMixin._get_logits_processor``): OpenAI ``logit_bias`` (where 
 ``sequence_bias``), ``repetition_penalty``, OpenAI presence/frequency penalties (right after
 HF's own repetition penalty, as vLLM applies them before temperature), ``no_repeat_ngram_size``,
 ``bad_words_ids``, ``min_new_tokens``, a structured output's grammar mask (``sampling/grammar.py``),
-``suppress_tokens``; then, for sampling rows only,
+``suppress_tokens``, a thinking budget's forced end tag (``sampling/thinking.py``, over every processor
+before it); then, for sampling rows only,
 temperature, top_k, top_p, min_p, typical_p, epsilon_cutoff, eta_cutoff with
 ``min_tokens_to_keep=1``. Greedy rows get the processors but no warpers, like HF greedy search.
 """
@@ -26,6 +27,7 @@ from decoding.sampling.grammar import apply_grammar_masks
 from decoding.sampling.length_rules import LengthKnobs
 from decoding.sampling.nucleus import top_p
 from decoding.sampling.row_state import RowSamplingState
+from decoding.sampling.thinking import force_thinking_ends
 from decoding.sampling.watermark import WatermarkProcessor
 
 NEG_INF = float("-inf")
@@ -107,6 +109,8 @@ class SamplingBatch:
         self.needs_processing = self.needs_processing or self.watermark is not None
         self.grammar_rows = [i for i, r in enumerate(rows) if r.grammar is not None]
         self.needs_processing = self.needs_processing or bool(self.grammar_rows)
+        self.thinking_rows = [i for i, r in enumerate(rows) if r.thinking is not None]
+        self.needs_processing = self.needs_processing or bool(self.thinking_rows)
 
     @classmethod
     def from_rows(
@@ -158,6 +162,9 @@ class SamplingBatch:
             scores[self.suppress] = NEG_INF
         # begin_suppress_tokens (HF: right after suppress_tokens)
         self.length_knobs.apply_begin_suppress(scores)
+        # a thinking budget spent: its end tag, over every processor above (sampling/thinking.py)
+        if self.thinking_rows:
+            force_thinking_ends(scores, self.thinking_rows, [self.rows[i].thinking for i in self.thinking_rows])
         for knob, op in (
             (self.temperature, _temperature),
             (self.top_k, _top_k),

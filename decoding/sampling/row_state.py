@@ -13,6 +13,7 @@ import torch
 
 from decoding.params import GenerationParams
 from decoding.sampling.grammar import MaskBudget, RowGrammar, mask_budget_of
+from decoding.sampling.thinking import ThinkingBudget
 from decoding.sampling.token_rules import TokenRules
 
 
@@ -53,6 +54,7 @@ class RowSamplingState:
         compiled = params.compiled_grammar  # decoding.structured.CompiledGrammar
         mask_budget = mask_budget or mask_budget_of(params)
         self.grammar = None if compiled is None else RowGrammar(compiled.new_matcher(), self.eos_token_ids, mask_budget)
+        self.thinking = ThinkingBudget.of(params)  # a thinking budget's place (sampling/thinking.py)
         if params.no_repeat_ngram_size > 0:
             self.ngrams = {}
             size = params.no_repeat_ngram_size
@@ -69,6 +71,7 @@ class RowSamplingState:
         twin.counts = None if self.counts is None else self.counts.clone()
         twin.ngrams = None if self.ngrams is None else {k: set(v) for k, v in self.ngrams.items()}
         twin.grammar = None if self.grammar is None else self.grammar.fork()
+        twin.thinking = None if self.thinking is None else self.thinking.fork()
         return twin
 
     def _add_ngram(self, ngram: list[int]) -> None:
@@ -83,6 +86,8 @@ class RowSamplingState:
             self.counts[token_id] += 1
         if self.grammar is not None:
             self.grammar.append(token_id)
+        if self.thinking is not None:
+            self.thinking.append(token_id)
         if self.ngrams is not None and len(self.history) >= self.params.no_repeat_ngram_size:
             self._add_ngram(self.history[-self.params.no_repeat_ngram_size :])
 

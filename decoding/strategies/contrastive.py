@@ -137,4 +137,5 @@ class ContrastiveDecoding(DecodingStrategy):
     def _propose(self, row: Row) -> None:
         search = self.searches[row.index]
         scores = SamplingBatch.for_row(row.sampling).process(search.next_logits[None])[0]
-        search.propose(scores, constrained=row.sampling.grammar is not None)
+        # a grammar or a forced end of thinking bans tokens: a banned candidate is never chosen
+        search.propose(scores, constrained=row.sampling.grammar is not None or row.sampling.thinking is not None)

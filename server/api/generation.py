@@ -84,11 +84,13 @@ def translated(request: Request, client: EngineClient, body: Body, **endpoint: A
 
 async def templated(
     client: EngineClient, body: GenerationFields, params: GenerationParams, messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None,
-) -> tuple[list[int], GenerationParams]:
+    tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any] | None = None,
+) -> tuple[list[int], GenerationParams]:  # fmt: skip
     """(the conversation's prompt ids through the chat template, the params with chat's default length:
-    what the context leaves after that prompt, OpenAI's, unless the request or the model set one)."""
+    what the context leaves after that prompt, OpenAI's, unless the request or the model set one).
+    ``template_kwargs``: the template's variables an API sets itself (the Messages API's ``thinking``)."""
     extra = getattr(body, "chat_template_kwargs", None)  # a body that has them (chat): the template's variables
+    extra = {**(extra or {}), **(template_kwargs or {})}
     options = {"template_kwargs": extra} if extra else {}
     prompt_ids = await client.apply_chat_template(messages, tools=tools, **options)
     if not length_is_given(body, client.generation_defaults):

@@ -22,6 +22,9 @@ class ChoiceState:
     logprobs: list[TokenLogprob] = field(default_factory=list)
     finish_reason: str | None = None
     sequence_score: float | None = None  # beam search, when logprobs were asked for
+    # how the deltas cut the text: (characters, tokens) each, so a whole reply's reasoning split counts its
+    # tokens as the stream did (server.output.reasoning.split_reply)
+    pieces: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass
@@ -45,6 +48,7 @@ class Collected:
         for delta in output.deltas:
             choice = self.choices.setdefault(delta.index, ChoiceState(delta.index))
             choice.text += delta.text
+            choice.pieces.append((len(delta.text), len(delta.token_ids)))
             choice.token_ids.extend(delta.token_ids)
             choice.logprobs.extend(delta.logprobs or [])
             if delta.finish_reason is not None:

@@ -18,12 +18,17 @@ def now() -> int:
     return int(time.time())
 
 
-def usage(prompt_tokens: int, completion_tokens: int, drafts: tuple[int, int] = (0, 0), cached: int = 0) -> dict:
-    """OpenAI's usage object. A request that speculated also reports its drafts in OpenAI's own
-    Predicted Outputs fields, ``completion_tokens_details.accepted_prediction_tokens`` and
-    ``rejected_prediction_tokens`` (a client reads its acceptance rate from them; the openai
-    client parses them). Unlike OpenAI's, rejected drafts are not counted in ``completion_tokens``.
-    Prompt tokens served from the prefix cache are ``prompt_tokens_details.cached_tokens``, as OpenAI's."""
+def usage(
+    prompt_tokens: int, completion_tokens: int, drafts: tuple[int, int] = (0, 0), cached: int = 0,
+    reasoning_tokens: int | None = None,
+) -> dict:  # fmt: skip
+    """OpenAI's usage object. ``completion_tokens_details`` as OpenAI's: ``reasoning_tokens`` (the
+    reply's tokens that fell in its thinking, ``server.output.reasoning``) and the Predicted Outputs
+    fields ``accepted_prediction_tokens`` / ``rejected_prediction_tokens`` (a speculating request's
+    drafts: a client reads its acceptance rate from them; the openai client parses them). Chat always
+    has them (``reasoning_tokens`` given); legacy completions only when the request drafted. Unlike
+    OpenAI's, rejected drafts are not counted in ``completion_tokens``. Prompt tokens served from the
+    prefix cache are ``prompt_tokens_details.cached_tokens``, as OpenAI's."""
     body: dict = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
@@ -32,8 +37,9 @@ def usage(prompt_tokens: int, completion_tokens: int, drafts: tuple[int, int] = 
     if cached:
         body["prompt_tokens_details"] = {"cached_tokens": cached}
     num_drafted, num_accepted = drafts
-    if num_drafted:
+    if num_drafted or reasoning_tokens is not None:
         body["completion_tokens_details"] = {
+            **({"reasoning_tokens": reasoning_tokens} if reasoning_tokens is not None else {}),
             "accepted_prediction_tokens": num_accepted,
             "rejected_prediction_tokens": num_drafted - num_accepted,
         }
@@ -75,15 +81,21 @@ class Envelope:
     def usage_chunk(self) -> dict:
         drafts = _sum_drafts(list(self._drafts.values()))
         prompt, cached = sum(self._prompt_tokens.values()), sum(self._cached_tokens.values())
-        return {**self._chunk([]), "usage": usage(prompt, self._completion_tokens, drafts, cached)}
+        counts = usage(prompt, self._completion_tokens, drafts, cached, self._streamed_reasoning_tokens())
+        return {**self._chunk([]), "usage": counts}
 
-    def _body(self, choices: list[dict], results: list[Collected]) -> dict:
+    def _streamed_reasoning_tokens(self) -> int | None:
+        """The streamed reply's reasoning tokens so far (None: an API whose usage has no such field)."""
+        return None
+
+    def _body(self, choices: list[dict], results: list[Collected], reasoning_tokens: int | None = None) -> dict:
         prompt_tokens = sum(r.num_prompt_tokens for r in results)
         completion_tokens = sum(len(c.token_ids) for r in results for c in r.choices.values())
         drafts = _sum_drafts([r.drafts for r in results])
         cached = sum(r.num_cached_tokens for r in results)
         return {"id": self.request_id, "object": self.object_name, "created": self.created, "model": self.model,
-                "choices": choices, "usage": usage(prompt_tokens, completion_tokens, drafts, cached)}  # fmt: skip
+                "choices": choices,
+                "usage": usage(prompt_tokens, completion_tokens, drafts, cached, reasoning_tokens)}  # fmt: skip
 
     def _extend(self, choice: dict, token_ids: list[int], sequence_score: float | None) -> dict:
         """Serving extensions: ``return_token_ids``, and beam search's ``sequence_score``."""

@@ -8,16 +8,29 @@ never holds the tags or the thinking. The formats differ only in where the think
 - ``deepseek_r1``: the chat template already opened ``<think>`` in the prompt, so the reply starts
   inside the thinking and ``</think>`` ends it (a reply that repeats the opening tag first is read
   the same); a reply without ``</think>`` is all thinking (it was cut short while thinking).
-- ``qwen3``: the thinking is a ``<think>…</think>`` block at the very start of the reply; a reply
-  that does not open with it is all answer (Qwen3 with ``enable_thinking`` false).
-- ``think``: the generic form: any number of ``<think>…</think>`` blocks anywhere in the reply.
+- ``qwen3``: the thinking is one ``<think>…</think>`` block at the start of the reply (after any
+  whitespace); a reply that does not open with it is all answer (Qwen3 with ``enable_thinking`` false).
+- ``think``: the generic form: any number of ``<think>…</think>`` blocks at the start of the reply,
+  whitespace between them.
 
-The whitespace right after ``</think>`` is the format's separator before the answer, not content
-(after a block in the middle of the answer, it is the answer's own). A reply is
-split as it streams (``ReasoningStream``), holding back only text that may be the start of a tag,
-so that a tag split across deltas never leaks into either side; a whole reply goes through the same
-stream (``split_reasoning``), so a streamed reply and its body always agree. The split comes first:
-the tool-call parser (``server.output.tool_parser``) only ever reads the answer.
+The split is a state machine over the reply (``ReasoningStream``) that moves one way only: opening
+(has the reply opened a block?) → thinking → between (the whitespace after ``</think>``, the
+format's separator, not content; with ``think`` another block may open there) → answer. Once the
+answer has started, it is the answer to the end: a ``<think>`` or ``</think>`` inside it (a JSON
+string, a tool call's arguments, prose about the tags) is the answer's text, so a grammar-guaranteed
+answer or a call is never cut, and the thinking can never follow the answer. The stream holds back
+only text that may still become a tag (a tag split across deltas never leaks into either side); a
+whole reply goes through the same stream, cut where its deltas were (``split_reply``), so a streamed
+reply and its body always agree, token counts included. The split comes first: the tool-call parser
+(``server.output.tool_parser``) only ever reads the answer.
+
+Reasoning tokens (usage's ``reasoning_tokens``) are counted per engine delta, by where its text
+went: a delta whose text falls inside the thinking, its tags and the separator after it is thinking;
+the delta that starts the answer, and every one after, is answer; a delta with no text yet (held back
+by the detokenizer) counts where the reply is; at the start of a ``qwen3``/``think`` reply, deltas
+wait until the reply shows whether it opened a block. A delta is one token except where one step
+commits several (accepted drafts), so the count is exact token by token but for the one step that
+both ends the thinking and starts the answer, whose tokens count as answer.
 """
 
 from __future__ import annotations
@@ -31,11 +44,11 @@ NONE = "none"
 @dataclass(frozen=True)
 class ReasoningFormat:
     """Where a model's thinking is: ``opened_by_prompt`` (the reply starts inside it), else blocks
-    the reply opens, only at its start unless ``anywhere``."""
+    the reply opens at its start: one, or as many as it likes when ``repeated``."""
 
     name: str
     opened_by_prompt: bool = False
-    anywhere: bool = False
+    repeated: bool = False
 
     def stream(self) -> ReasoningStream:
         return ReasoningStream(self)
@@ -44,7 +57,7 @@ class ReasoningFormat:
 FORMATS = {
     "deepseek_r1": ReasoningFormat("deepseek_r1", opened_by_prompt=True),
     "qwen3": ReasoningFormat("qwen3"),
-    "think": ReasoningFormat("think", anywhere=True),
+    "think": ReasoningFormat("think", repeated=True),
 }
 PARSER_NAMES = (NONE, *FORMATS)
 
@@ -60,9 +73,8 @@ def reasoning_format(name: str, thinking: bool = True) -> ReasoningFormat | None
     return FORMATS.get(name) if thinking else None
 
 
-# where a stream is: before the reply shows whether it opens a block, inside one, right after one
-# (its separating whitespace), in the answer (looking for another block only when ``anywhere``)
-AT_START, THINKING, AFTER_END, ANSWER = "at_start", "thinking", "after_end", "answer"
+# the states, in the only order a reply goes through them (see the module's docstring)
+OPENING, THINKING, BETWEEN, ANSWER = "opening", "thinking", "between", "answer"
 
 
 class ReasoningStream:
@@ -70,24 +82,34 @@ class ReasoningStream:
 
     def __init__(self, fmt: ReasoningFormat) -> None:
         self.format = fmt
-        self._state = AT_START
-        self._pending = ""  # text held back: a possible tag start, or the whitespace after a block
-        self._answered = False  # whether any answer was released
+        self.state = OPENING
+        self._pending = ""  # text held back: a possible tag, or the whitespace after a block
+        self._undecided = 0  # tokens fed while opening, counted once the reply shows what they were
+        self.reasoning_tokens = 0
 
-    def feed(self, text: str) -> tuple[str, str]:
+    @property
+    def answering(self) -> bool:
+        """The answer has started: everything from here on is answer."""
+        return self.state == ANSWER
+
+    def feed(self, text: str, num_tokens: int = 0) -> tuple[str, str]:
+        """The thinking and the answer ``text`` releases; ``num_tokens``: the tokens it came from."""
+        if self.state == ANSWER:  # the answer runs to the end: nothing to look for (nothing is held)
+            return "", text
         self._pending += text
+        self._undecided += num_tokens
         thinking, answer = "", ""
         while True:
-            if self._state == AT_START:
-                head = self._pending.lstrip() if not self.format.opened_by_prompt else self._pending
-                if START.startswith(head) and len(head) < len(START):  # may still become the opening tag
+            if self.state == OPENING:
+                head = self._pending if self.format.opened_by_prompt else self._pending.lstrip()
+                if len(head) < len(START) and START.startswith(head):  # may still become the opening tag
                     break
                 if head.startswith(START):
-                    self._pending, self._state = head[len(START) :], THINKING
+                    self._pending, self.state = head[len(START) :], THINKING
                 else:
-                    self._state = THINKING if self.format.opened_by_prompt else ANSWER
+                    self.state = THINKING if self.format.opened_by_prompt else ANSWER
                 continue
-            if self._state == THINKING:
+            if self.state == THINKING:
                 end = self._pending.find(END)
                 if end < 0:
                     keep = _partial_tail(self._pending, END)
@@ -95,37 +117,45 @@ class ReasoningStream:
                     self._pending = self._pending[len(self._pending) - keep :]
                     break
                 thinking += self._pending[:end]
-                self._pending, self._state = self._pending[end + len(END) :], AFTER_END
+                self._pending, self.state = self._pending[end + len(END) :], BETWEEN
                 continue
-            if self._state == AFTER_END:
-                if not (self._answered or answer):
-                    self._pending = self._pending.lstrip()
-                    if not self._pending:
-                        break
-                self._state = ANSWER
+            if self.state == BETWEEN:
+                self._pending = self._pending.lstrip()  # the format's separator, not content
+                if not self._pending:
+                    break
+                if self.format.repeated and len(self._pending) < len(START) and START.startswith(self._pending):
+                    break  # may still open another block
+                if self.format.repeated and self._pending.startswith(START):
+                    self._pending, self.state = self._pending[len(START) :], THINKING
+                else:
+                    self.state = ANSWER
                 continue
-            if not self.format.anywhere:  # ANSWER, and no block can follow
-                answer, self._pending = answer + self._pending, ""
-                break
-            start = self._pending.find(START)
-            if start >= 0:
-                answer += self._pending[:start]
-                self._pending, self._state = self._pending[start + len(START) :], THINKING
-                continue
-            keep = _partial_tail(self._pending, START)
-            answer += self._pending[: len(self._pending) - keep]
-            self._pending = self._pending[len(self._pending) - keep :]
+            answer, self._pending = self._pending, ""  # ANSWER: the rest is answer
             break
-        self._answered = self._answered or bool(answer)
+        self._count()
         return thinking, answer
 
+    def _count(self) -> None:
+        """Settle the tokens fed so far: thinking once the reply is inside a block or past one (its
+        separator), answer once the answer started; undecided while the reply has not shown whether
+        it opens a block (at its start, or a possible tag after a ``think`` block)."""
+        if self.state == THINKING or (self.state == BETWEEN and not self._pending):
+            self.reasoning_tokens += self._undecided
+            self._undecided = 0
+        elif self.state == ANSWER:
+            self._undecided = 0
+
     def finish(self) -> tuple[str, str]:
-        """The stream ended: what it held is thinking inside a block, nothing after one, else answer."""
+        """The stream ended: what it held is thinking inside a block (or a deepseek_r1 reply that never
+        left it); anything else held (a possible tag that never completed, whitespace) is answer."""
         rest, self._pending = self._pending, ""
-        if self._state == THINKING or (self._state == AT_START and self.format.opened_by_prompt):
+        if self.state == THINKING or (self.state == OPENING and self.format.opened_by_prompt):
+            self.state = THINKING
+            self._count()
             return rest, ""
-        if self._state == AFTER_END and not self._answered:
-            return "", ""
+        if rest:
+            self.state = ANSWER
+        self._count()
         return "", rest
 
 
@@ -137,17 +167,38 @@ def _partial_tail(text: str, tag: str) -> int:
     return 0
 
 
-def split_reasoning(text: str, fmt: ReasoningFormat | None) -> tuple[str | None, str]:
-    """(the thinking, or None when there was none; the answer) of a whole reply, by the streamed rules.
+@dataclass(frozen=True)
+class Split:
+    """A whole reply split: its thinking (None when it did not think), its answer, the tokens thought."""
 
-    The one call every API's body makes (chat, Responses, Messages): ``fmt`` None leaves the text whole."""
+    thinking: str | None
+    answer: str
+    reasoning_tokens: int = 0
+
+
+def split_reply(text: str, fmt: ReasoningFormat | None, pieces: list[tuple[int, int]] | None = None) -> Split:
+    """The split of a whole reply by the streamed rules; ``pieces``: how its deltas cut it, as
+    (characters, tokens) each (``server.output.collect``), so its reasoning tokens are counted as a
+    stream counts them (without them, the reply is one delta of no tokens). ``fmt`` None: all answer."""
     if fmt is None:
-        return None, text
+        return Split(None, text)
     stream = fmt.stream()
-    thinking, answer = stream.feed(text)
-    more_thinking, more_answer = stream.finish()
-    thinking, answer = thinking + more_thinking, answer + more_answer
-    return thinking or None, answer
+    thinking, answer, start = [], [], 0
+    for chars, tokens in pieces if pieces is not None else [(len(text), 0)]:
+        more_thinking, more_answer = stream.feed(text[start : start + chars], tokens)
+        thinking.append(more_thinking)
+        answer.append(more_answer)
+        start += chars
+    more_thinking, more_answer = stream.feed(text[start:])  # text no piece covered (none when pieces are whole)
+    last_thinking, last_answer = stream.finish()
+    whole = "".join(thinking) + more_thinking + last_thinking
+    return Split(whole or None, "".join(answer) + more_answer + last_answer, stream.reasoning_tokens)
+
+
+def split_reasoning(text: str, fmt: ReasoningFormat | None) -> tuple[str | None, str]:
+    """(the thinking, or None when there was none; the answer) of a whole reply (``split_reply``)."""
+    split = split_reply(text, fmt)
+    return split.thinking, split.answer
 
 
 def thinking_block(thinking: str) -> dict[str, str]:

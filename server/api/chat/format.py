@@ -15,7 +15,7 @@ from decoding import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from server.output.collect import ChoiceState, Collected
 from server.output.envelope import Envelope
 from server.output.logprobs import chat_logprobs
-from server.output.reasoning import ReasoningFormat, split_reasoning
+from server.output.reasoning import ReasoningFormat, split_reply
 from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
 
 LENGTH = FinishReason.LENGTH.value
@@ -78,7 +78,7 @@ class ChoiceStream:
         it answer text without parsers); the tool-call parser reads only the answer."""
         thinking, text = "", delta.text
         if self.reasoning is not None:
-            thinking, text = self.reasoning.feed(delta.text)
+            thinking, text = self.reasoning.feed(delta.text, len(delta.token_ids))
             if delta.finish_reason is not None:
                 more_thinking, rest = self.reasoning.finish()
                 thinking, text = thinking + more_thinking, text + rest
@@ -89,6 +89,10 @@ class ChoiceStream:
             rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
             text, calls = text + rest, calls + more
         return thinking, text, calls
+
+    @property
+    def reasoning_tokens(self) -> int:
+        return self.reasoning.reasoning_tokens if self.reasoning is not None else 0
 
     def _call_pieces(self, calls: list[ToolCall]) -> list[dict]:
         """OpenAI's streamed tool call: its id, type and name with empty arguments, then the arguments."""
@@ -148,12 +152,17 @@ class ChatFormat(Envelope):
             chunks.extend(self._chunk([piece]) for piece in stream.pieces(delta))
         return chunks
 
+    def _streamed_reasoning_tokens(self) -> int:
+        return sum(stream.reasoning_tokens for stream in self._choices.values())
+
     def body(self, results: list[Collected]) -> dict:
         (collected,) = results
-        choices = []
+        choices, reasoning_tokens = [], 0
         for index in range(self.n):
             state = collected.choices.get(index) or ChoiceState(index, finish_reason="length")
-            thinking, answer = split_reasoning(state.text, self.reasoning)
+            split = split_reply(state.text, self.reasoning, state.pieces)
+            thinking, answer = split.thinking, split.answer
+            reasoning_tokens += split.reasoning_tokens
             message: dict = {"role": "assistant", "content": answer, "refusal": None}
             if self.reasoning is not None:  # vLLM's two names for the same text; null when the reply did not think
                 message["reasoning_content"] = message["reasoning"] = thinking
@@ -174,4 +183,4 @@ class ChatFormat(Envelope):
                 "finish_reason": finish_reason,
             }
             choices.append(self._extend(choice, state.token_ids, state.sequence_score))
-        return self._body(choices, results)
+        return self._body(choices, results, reasoning_tokens)

@@ -7,8 +7,10 @@ are its content, joined as chat joins its text parts; an assistant turn's ``tool
 turn is a tool turn answering its ``tool_use_id``, in the order the blocks came. The template has no
 place for ``is_error``, so such a result's text says it: ``Error: <content>``.
 
-The served model reads text only and runs no server tools: image, document and other media blocks,
-server tools' blocks and thinking blocks are 400s naming their path (``messages[0].content[1]``), as
+An assistant turn's ``thinking`` and ``redacted_thinking`` blocks (a reply sent back, as every tool
+loop does) are accepted and not rendered (``server.api.messages.thinking``); in another turn they are
+400s. The served model reads text only and runs no server tools: image, document and other media
+blocks and server tools' blocks are 400s naming their path (``messages[0].content[1]``), as
 is a conversation that ends with an assistant turn (Anthropic's prefill: the chat template here
 starts a new assistant turn, so the reply could not continue that text). ``cache_control`` marks are
 hints: the prefix cache keeps every prompt's blocks without being asked. A ``tool_use`` block the
@@ -24,6 +26,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Discriminator, Tag
 
 from decoding import ParameterError
+from server.api.messages.thinking import RedactedThinkingBlock, ThinkingBlock
 from server.translate.strict import Strict
 from server.translate.unserved import Caller, Toolset
 
@@ -49,11 +52,8 @@ class TextBlock(Strict):
 def _served_block(block: Any) -> Any:  # noqa: ANN401
     """A block the served model cannot read is a 400 at its own path (the one place that knows it)."""
     kind = block.get("type") if isinstance(block, dict) else None
-    if not isinstance(kind, str) or kind in ("text", "tool_use", "tool_result"):
+    if not isinstance(kind, str) or kind in ("text", "tool_use", "tool_result", *THINKING_BLOCKS):
         return block
-    if kind in THINKING_BLOCKS:
-        raise ParameterError(f"{kind} blocks are not served: the served model writes no separate thinking "
-                             "(leave them out of the conversation)")  # fmt: skip
     if kind in SERVER_TOOL_BLOCKS or kind.endswith("_tool_result"):
         raise ParameterError(f"{kind} blocks belong to server tools, which this server does not run; offer a "
                              "custom tool and send its tool_use / tool_result blocks")  # fmt: skip
@@ -70,7 +70,14 @@ def _kind(**tags: str) -> Any:  # noqa: ANN401
     return kind
 
 
-ResultContent = Annotated[TextBlock, BeforeValidator(_served_block)]
+def _result_block(block: Any) -> Any:  # noqa: ANN401
+    kind = block.get("type") if isinstance(block, dict) else None
+    if kind in THINKING_BLOCKS:
+        raise ParameterError(f"a tool result holds text blocks, not {kind} blocks")
+    return _served_block(block)
+
+
+ResultContent = Annotated[TextBlock, BeforeValidator(_result_block)]
 
 
 class ToolUseBlock(Strict):
@@ -102,10 +109,13 @@ class ToolResultBlock(Strict):
 
 ContentBlock = Annotated[
     Annotated[TextBlock, Tag("TextBlock")] | Annotated[ToolUseBlock, Tag("ToolUseBlock")]
-    | Annotated[ToolResultBlock, Tag("ToolResultBlock")],
-    Discriminator(_kind(text="TextBlock", tool_use="ToolUseBlock", tool_result="ToolResultBlock"),
+    | Annotated[ToolResultBlock, Tag("ToolResultBlock")] | Annotated[ThinkingBlock, Tag("ThinkingBlock")]
+    | Annotated[RedactedThinkingBlock, Tag("RedactedThinkingBlock")],
+    Discriminator(_kind(text="TextBlock", tool_use="ToolUseBlock", tool_result="ToolResultBlock",
+                        thinking="ThinkingBlock", redacted_thinking="RedactedThinkingBlock"),
                   custom_error_type="invalid_content_block",
-                  custom_error_message="a content block's type must be 'text', 'tool_use' or 'tool_result'"),
+                  custom_error_message="a content block's type must be 'text', 'tool_use', 'tool_result', "
+                                       "'thinking' or 'redacted_thinking'"),
     BeforeValidator(_served_block),
 ]  # fmt: skip
 
@@ -114,7 +124,7 @@ class InputMessage(Strict):
     role: Literal["user", "assistant", "system"]
     content: str | list[ContentBlock]
 
-    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock]:
+    def blocks(self) -> list[TextBlock | ToolUseBlock | ToolResultBlock | ThinkingBlock | RedactedThinkingBlock]:
         return [TextBlock(type="text", text=self.content)] if isinstance(self.content, str) else list(self.content)
 
     def rendered_texts(self) -> list[str]:
@@ -125,7 +135,7 @@ class InputMessage(Strict):
                 texts.append(block.text)
             elif isinstance(block, ToolUseBlock):
                 texts += [block.id, block.name, json.dumps(block.input)]
-            else:
+            elif isinstance(block, ToolResultBlock):
                 texts += [block.tool_use_id, block.text()]
         return texts
 
@@ -157,6 +167,10 @@ def _turns(message: InputMessage, param: str) -> list[dict[str, Any]]:
     text, calls, turns = "", [], []
     for j, block in enumerate(message.blocks()):
         where = f"{param}.content[{j}]"
+        if isinstance(block, ThinkingBlock | RedactedThinkingBlock):
+            if message.role != "assistant":
+                raise ParameterError(f"{where}: only an assistant turn carries {block.type} blocks", param=where)
+            continue  # an earlier reply's thinking: not rendered (see the module's docstring)
         if isinstance(block, TextBlock):
             text += block.text
         elif isinstance(block, ToolUseBlock):

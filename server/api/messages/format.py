@@ -7,7 +7,10 @@ parser (``server.output.tool_parser``) reads, which the text around it never sho
 between calls belongs to the call format, not to a text block. With a reasoning parser
 (``--reasoning-parser``), the thinking comes first as a ``thinking`` block (streamed as
 ``thinking_delta``; its ``signature`` empty: nothing here signs it), split off before the tool-call
-parser reads the answer (``server.output.reasoning``).
+parser reads the answer (``server.output.reasoning``); with ``thinking.display: "omitted"`` the block
+comes with its text left out (empty, and no ``thinking_delta``), as Anthropic's. Every block
+started is stopped before the next starts, and indexes only grow: the thinking block is closed when
+the answer begins, the text block when a call or the end comes.
 
 ``stop_reason``: ``max_tokens`` when the length limit cut the reply (its unfinished call dropped),
 ``tool_use`` when it made calls, ``stop_sequence`` (with ``stop_sequence``) when a stop string ended
@@ -59,20 +62,23 @@ def tool_use_block(call: ToolCall) -> dict[str, Any]:
 class ContentBlocks:
     """The reply's content blocks as its text arrives; ``feed`` returns the block events it made."""
 
-    def __init__(self, parser: ToolStream | None, reasoning: ReasoningStream | None = None) -> None:
+    def __init__(
+        self, parser: ToolStream | None, reasoning: ReasoningStream | None = None, show_thinking: bool = True
+    ) -> None:
         self.parser = parser
         self.reasoning = reasoning
+        self.show_thinking = show_thinking  # false: thinking.display "omitted"
         self.open_thinking: dict[str, Any] | None = None  # the thinking block still growing
         self.blocks: list[dict[str, Any]] = []
         self.open_text: dict[str, Any] | None = None  # the text block still growing
         self.spaces = ""  # whitespace held back: it may only separate calls
         self.num_calls = 0
 
-    def feed(self, text: str, finish_reason: FinishReason | None = None) -> list[dict[str, Any]]:
+    def feed(self, text: str, finish_reason: FinishReason | None = None, num_tokens: int = 0) -> list[dict[str, Any]]:
         calls: list[ToolCall] = []
         thinking = ""
         if self.reasoning is not None:  # the thinking first: the tool-call parser reads only the answer
-            thinking, text = self.reasoning.feed(text)
+            thinking, text = self.reasoning.feed(text, num_tokens)
             if finish_reason is not None:
                 more, rest = self.reasoning.finish()
                 thinking, text = thinking + more, text + rest
@@ -90,11 +96,16 @@ class ContentBlocks:
         return events
 
     def _thinking(self, text: str) -> list[dict[str, Any]]:
+        """A thinking delta, opening the thinking block first (an open text block is stopped first: the
+        reasoning split never thinks after the answer started, so that is a guard, not a path)."""
         events = []
         if self.open_thinking is None:
+            events += self._close_text()
             self.open_thinking = thinking_block("")
             self.blocks.append(self.open_thinking)
             events.append(self._event("content_block_start", content_block=thinking_block("")))
+        if not self.show_thinking:
+            return events
         self.open_thinking["thinking"] += text
         return events + [self._event("content_block_delta", delta={"type": "thinking_delta", "thinking": text})]
 
@@ -143,11 +154,12 @@ class Reply:
     """One message as the engine's outputs arrive: its blocks, counts, and how it ended."""
 
     def __init__(
-        self, message_id: str, model: str, tool_parser: ParserFactory | None, reasoning: ReasoningFormat | None = None
-    ) -> None:
+        self, message_id: str, model: str, tool_parser: ParserFactory | None, reasoning: ReasoningFormat | None = None,
+        show_thinking: bool = True,
+    ) -> None:  # fmt: skip
         self.message_id, self.model = message_id, model
         self.content = ContentBlocks(tool_parser() if tool_parser is not None else None,
-                                     reasoning.stream() if reasoning is not None else None)  # fmt: skip
+                                     reasoning.stream() if reasoning is not None else None, show_thinking)  # fmt: skip
         self.counts = (0, 0, 0)  # prompt, cached, output tokens
         self.finish_reason: str | None = None
         self.stopped_by: str | int | None = None
@@ -166,7 +178,7 @@ class Reply:
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason.value
             self.stopped_by = delta.stop_reason
-        return self.content.feed(delta.text, delta.finish_reason)
+        return self.content.feed(delta.text, delta.finish_reason, len(delta.token_ids))
 
     def stop(self) -> tuple[str, str | None]:
         return stop_reason_of(self.finish_reason, self.stopped_by, self.content.num_calls)

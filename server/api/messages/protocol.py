@@ -11,8 +11,7 @@ onto the shared pieces: ``max_tokens`` (required, as Anthropic's) is chat's, ``s
 ``disable_parallel_tool_use`` ``parallel_tool_calls: false``), so chat's call grammar forces a call.
 
 Refused with a 400 naming the field and saying why: server tools (a tool with another ``type`` than
-``custom``: this server runs none), ``thinking`` other than disabled (the served model has no separate
-thinking), OpenAI's spellings of what Anthropic names otherwise (``stop``, ``user``,
+``custom``: this server runs none), OpenAI's spellings of what Anthropic names otherwise (``stop``, ``user``,
 ``stream_options``), ``n`` above 1 (a message is one reply) and ``return_token_ids`` (a message has no
 place for them). ``metadata.user_id``, ``service_tier`` and ``cache_control`` are hints: one user, one
 tier and a prefix cache that keeps every prompt's blocks without being asked; so are a tool's
@@ -34,6 +33,7 @@ from decoding import GenerationParams, ParameterError
 from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
 from server.api.messages.blocks import CacheControl, InputMessage, TextBlock, system_text, template_messages
+from server.api.messages.thinking import ThinkingConfig, check_budget
 from server.translate.fields import GenerationFields
 from server.translate.params import to_params
 from server.translate.strict import Strict
@@ -91,18 +91,6 @@ class NoneChoice(Strict):
 MessagesToolChoice = Annotated[AutoChoice | AnyChoice | NamedChoice | NoneChoice, Field(discriminator="type")]
 
 
-def _no_thinking(value: Any) -> Any:  # noqa: ANN401
-    kind = value.get("type") if isinstance(value, dict) else None
-    if value is not None and kind != "disabled":
-        raise ParameterError(f"thinking of type {json.dumps(kind)} is not served: the served model has no separate "
-                             'thinking; leave thinking out or send {"type": "disabled"}', param="thinking")  # fmt: skip
-    return value
-
-
-class ThinkingDisabled(Strict):
-    type: Literal["disabled"]
-
-
 class Conversation(Strict):
     """What is rendered into the prompt, shared by a message and its token count."""
 
@@ -111,7 +99,7 @@ class Conversation(Strict):
     system: str | list[TextBlock] | None = None
     tools: list[Annotated[CustomTool, BeforeValidator(_custom_tools_only)]] | None = None
     tool_choice: MessagesToolChoice | None = None
-    thinking: Annotated[ThinkingDisabled | None, BeforeValidator(_no_thinking)] = None
+    thinking: ThinkingConfig | None = None  # server.api.messages.thinking
 
     def tool_use(self) -> ToolUse | None:
         if self.tools is None and self.tool_choice is None:
@@ -182,6 +170,7 @@ class MessagesRequest(Conversation, GenerationFields):
         for name, instead in OTHER_SPELLINGS.items():
             if name in self.model_fields_set and getattr(self, name) is not None:
                 raise ParameterError(f"the Messages API takes {instead}, not {name}", param=name)
+        check_budget(self.thinking, self.max_tokens)
         if self.return_token_ids:
             raise ParameterError("a message's content has no place for token ids; return_token_ids is for "
                                  "/v1/completions and /v1/chat/completions", param="return_token_ids")  # fmt: skip

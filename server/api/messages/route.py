@@ -22,6 +22,7 @@ from server.api.messages.errors import documented_errors
 from server.api.messages.events import message_events
 from server.api.messages.format import Reply, new_id
 from server.api.messages.protocol import Conversation, CountTokensRequest, MessagesRequest
+from server.api.messages.thinking import thinking_plan
 from server.http.auth import require_api_key
 from server.http.errors import from_output
 from server.http.limits import caller_hold
@@ -29,6 +30,7 @@ from server.output.exact_json import ExactJSONResponse
 from server.output.streaming import merge, until_disconnect
 from server.output.tool_parser import PARSERS, ParserFactory
 from server.translate.structured import answer_after_thinking, reasoning_of
+from server.translate.thinking import with_thinking_budget
 
 router = APIRouter(dependencies=[Depends(require_api_key)])
 ERRORS = ("400", "401", "404", "413", "429", "500", "503")
@@ -48,10 +50,14 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     client = engine_of(request)
     model = served_model(client, body.model)
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
-    params = answer_after_thinking(params, reasoning_of(request))  # a constraint shapes the answer, after the thinking
-    prompt_ids, params = await templated(client, body, params, body.template_messages(), body.template_tools())
+    thinking = thinking_plan(body.thinking, reasoning_of(request))  # the split, the template's switch, a budget
+    params = answer_after_thinking(params, thinking.reasoning)  # a constraint shapes the answer, after the thinking
+    prompt_ids, params = await templated(client, body, params, body.template_messages(), body.template_tools(),
+                                         thinking.template_kwargs)  # fmt: skip
+    if thinking.budget is not None and thinking.reasoning is not None:
+        params = await with_thinking_budget(client, params, thinking.reasoning, thinking.budget)
     params = await admitted(client, params, [prompt_ids], "messages")
-    reply = Reply(new_id("msg"), model, tool_parser(request, body), reasoning_of(request))
+    reply = Reply(new_id("msg"), model, tool_parser(request, body), thinking.reasoning, thinking.show)
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
@@ -83,5 +89,7 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     tool_use = body.tool_use()
     if tool_use is not None:
         tool_use.check()
-    prompt_ids = await client.apply_chat_template(body.template_messages(), body.template_tools())
+    kwargs = thinking_plan(body.thinking, reasoning_of(request)).template_kwargs
+    prompt_ids = await client.apply_chat_template(body.template_messages(), body.template_tools(),
+                                                  **({"template_kwargs": kwargs} if kwargs else {}))  # fmt: skip
     return {"input_tokens": len(prompt_ids)}

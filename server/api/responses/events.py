@@ -60,6 +60,7 @@ class ResponseEvents:
         self.output: list[dict[str, Any]] = []  # finished items
         self.message: dict[str, Any] | None = None  # the open message item
         self.text = ""
+        self.spaces = ""  # whitespace held back while no message is open: it may only separate calls
         self.logprobs: list[dict[str, Any]] = []  # the open message's entries (as output), sent so far
         self.held: list[dict[str, Any]] = []  # entries (as output) whose text the parser still holds
         self.deltas: dict[int, list[list[int]]] = {}  # output index -> [characters, entries] of each text delta
@@ -98,7 +99,7 @@ class ResponseEvents:
         self.held.extend(output_logprobs(delta.logprobs or []))  # a thinking delta's go out with the message's
         thinking, text, calls = "", delta.text, []
         if self.reasoning is not None:  # the thinking split off first: the tool parser reads only the answer
-            thinking, text = self.reasoning.feed(delta.text)
+            thinking, text = self.reasoning.feed(delta.text, len(delta.token_ids))
             if delta.finish_reason is not None:
                 more, rest = self.reasoning.finish()
                 thinking, text = thinking + more, text + rest
@@ -108,18 +109,28 @@ class ResponseEvents:
             if delta.finish_reason is not None:
                 rest, more = self.parser.finish(truncated=delta.finish_reason == FinishReason.LENGTH)
                 text, calls = text + rest, calls + more
-        events.extend(self._text(text) if text else [])
+        if self.parser is not None and self.message is None and not text.strip():
+            self.spaces += text  # whitespace before a call is the call format's, not a message (as the body's)
+        else:
+            text, self.spaces = self.spaces + text, ""
+            events.extend(self._text(text) if text else [])
         for call in calls:
+            self.spaces = ""
             events.extend(self._close_reasoning())
             events.extend(self._close_message())
             events.extend(self._call(call))
         if delta.finish_reason is not None:
             self.finish_reason = delta.finish_reason.value
+            if self.spaces and not any(item["type"] == "function_call" for item in self.output):
+                events.extend(self._text(self.spaces))  # a reply of whitespace alone: its message, as the body's
+            self.spaces = ""
         return events
 
     def _thinking(self, text: str, item_id: str | None = None) -> list[dict[str, str]]:
-        """A reasoning delta, opening the reasoning item first if it is not open."""
-        events = []
+        """A reasoning delta, opening the reasoning item first if it is not open (an open message is
+        closed first: each item has its own output index; the reasoning split never thinks after the
+        answer started, so this is a guard, not a path)."""
+        events = [] if self.thought is not None else self._close_message()
         index = len(self.output)
         if self.thought is None:
             self.thought = reasoning_item(item_id or new_id("rs"), None, "in_progress")
@@ -203,14 +214,15 @@ class ResponseEvents:
                             name=call.name, arguments=call.arguments),
                 self._event("response.output_item.done", output_index=index, item=item)]  # fmt: skip
 
+    def usage(self) -> dict[str, Any]:
+        reasoning_tokens = self.reasoning.reasoning_tokens if self.reasoning is not None else 0
+        return usage(*self.counts, reasoning_tokens)
+
     def finish(self) -> tuple[list[dict[str, str]], dict[str, Any]]:
-        """The closing events of the open message (an empty one if the reply made nothing) and the
-        final object; its own event (``final_event``) goes out once the response is stored."""
-        events = self._close_reasoning()
-        if all(item["type"] == "reasoning" for item in self.output):
-            events.extend(self._open_message())
-        events.extend(self._close_message())
-        return events, self.builder.finished(self.output, self.finish_reason, usage(*self.counts))
+        """The closing events of the open item and the final object (a reply with no answer text has no
+        message item, as the body); its own event (``final_event``) goes out once the response is stored."""
+        events = self._close_reasoning() + self._close_message()
+        return events, self.builder.finished(self.output, self.finish_reason, self.usage())
 
     def replay_message(self, item: dict[str, Any], deltas: list[list[int]] | None) -> list[dict[str, str]]:
         """A finished message item's events again, its text cut as ``deltas`` recorded it went out (one
@@ -247,7 +259,7 @@ class ResponseEvents:
         """The events closing the open message (as incomplete) and the final object of a response that
         ended early: ``failed`` with ``error``, or ``cancelled``; its output is what was produced."""
         events = self._close_reasoning("incomplete") + self._close_message("incomplete")
-        return events, self.builder.response(status, self.output, usage(*self.counts), error=error)
+        return events, self.builder.response(status, self.output, self.usage(), error=error)
 
     def final_event(self, response: dict[str, Any]) -> dict[str, str]:
         return self._event(f"response.{response['status']}", response=response)

@@ -3,8 +3,10 @@
 One response has one output: with a reasoning parser (``--reasoning-parser``), a ``reasoning`` item
 first when the reply thought (its text one ``reasoning_text`` part, ``summary`` empty: the model
 writes none), then a ``message`` item with one ``output_text`` part (its ``annotations``
-always empty, its ``logprobs`` when ``include`` asked), then a ``function_call`` item per call the
-reply made (read by ``server.output.tool_parser``, as chat's ``tool_calls``). A reply cut short is
+always empty, its ``logprobs`` when ``include`` asked) when the answer has text (never an empty
+one), then a ``function_call`` item per call the reply made (read by ``server.output.tool_parser``,
+as chat's ``tool_calls``). ``usage.output_tokens_details.reasoning_tokens`` counts the output
+tokens that fell in the thinking, as the stream counts them. A reply cut short is
 ``status: "incomplete"`` with ``incomplete_details.reason`` "max_output_tokens"; its unfinished call
 is dropped. The streamed events (``server.api.responses.events``) build the same items.
 """
@@ -19,19 +21,20 @@ from decoding import FinishReason, TokenLogprob
 from server.api.responses.items import new_id
 from server.output.collect import ChoiceState, Collected
 from server.output.logprobs import chat_logprobs
-from server.output.reasoning import ReasoningFormat, split_reasoning
+from server.output.reasoning import ReasoningFormat, split_reply
 from server.output.tool_parser import ParserFactory, ToolCall, parse_whole
 
 LENGTH = FinishReason.LENGTH.value
 
 
-def usage(input_tokens: int, cached_tokens: int, output_tokens: int) -> dict[str, Any]:
-    """OpenAI's Responses usage; ``cached_tokens`` are the prompt tokens the prefix cache supplied."""
+def usage(input_tokens: int, cached_tokens: int, output_tokens: int, reasoning_tokens: int = 0) -> dict[str, Any]:
+    """OpenAI's Responses usage; ``cached_tokens`` are the prompt tokens the prefix cache supplied,
+    ``reasoning_tokens`` the output tokens that fell in the thinking (``server.output.reasoning``)."""
     return {
         "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": cached_tokens, "cache_write_tokens": 0},
         "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": 0},  # the served model has no separate reasoning phase
+        "output_tokens_details": {"reasoning_tokens": reasoning_tokens},
         "total_tokens": input_tokens + output_tokens,
     }
 
@@ -102,7 +105,8 @@ class ResponseBuilder:
         """The non-streamed response."""
         state = collected.choices.get(0) or ChoiceState(0, finish_reason=LENGTH)
         truncated = state.finish_reason == LENGTH
-        thinking, text = split_reasoning(state.text, self.reasoning)
+        split = split_reply(state.text, self.reasoning, state.pieces)
+        thinking, text = split.thinking, split.answer
         calls: list[ToolCall] = []
         if self.tool_parser is not None:
             content, calls = parse_whole(text, self.tool_parser, truncated=truncated)
@@ -111,9 +115,10 @@ class ResponseBuilder:
         if thinking is not None:  # cut short while thinking: incomplete, as the stream closes it
             status = "incomplete" if truncated and not text and not calls else "completed"
             output.append(reasoning_item(new_id("rs"), thinking, status))
-        if text or not calls:
+        if text:  # no message without text (a reply that only thought, or only called, has none)
             part = text_part(text, state.logprobs if self.logprobs else None)
             output.append(message_item(new_id("msg"), [part], "incomplete" if truncated else "completed"))
         output.extend(function_call_item(call) for call in calls)
-        counts = usage(collected.num_prompt_tokens, collected.num_cached_tokens, len(state.token_ids))
+        counts = usage(collected.num_prompt_tokens, collected.num_cached_tokens, len(state.token_ids),
+                       split.reasoning_tokens)  # fmt: skip
         return self.finished(output, state.finish_reason, counts)
