@@ -31,6 +31,7 @@ BY_NAME: dict[str, Any] = {
     "input_schema": SCHEMA,
     "output_schema": SCHEMA,
     "schema": SCHEMA,
+    "logit_bias": {"1": 1},  # token ids, not any object's keys
 }
 # a field whose type says only "objects" where the API says which (the tools an allowed_tools choice names)
 BY_FIELD: dict[tuple[str, str], Any] = {

@@ -71,7 +71,7 @@ def test_ranges_names_and_limits_are_the_served_models():
     assert non_null(props["temperature"])["maximum"] == 100
     assert non_null(props["max_tokens"]) == {"type": "integer", "minimum": 1, "maximum": engine.facts.max_model_len}
     assert non_null(props["model"])["enum"] == [MODEL]
-    assert props["n"]["maximum"] <= engine.facts.max_num_seqs
+    assert non_null(props["n"])["maximum"] <= engine.facts.max_num_seqs
     assert non_null(props["stop_token_ids"])["items"]["maximum"] == engine.facts.vocab_size - 1
     assert non_null(props["logit_bias"])["additionalProperties"] == {"type": "number", "minimum": -100, "maximum": 100}
     chat = doc["components"]["schemas"]["ChatCompletionRequest"]

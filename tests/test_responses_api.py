@@ -34,9 +34,10 @@ class RecordingEngine(FakeEngineClient):
         self.templates: list[tuple[list[dict], list[dict] | None]] = []
         self.reply = reply
 
-    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None) -> list[int]:
+    async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
+                                  template_kwargs: dict | None = None) -> list[int]:  # fmt: skip
         self.templates.append((messages, tools))
-        return await super().apply_chat_template(messages, tools)
+        return await super().apply_chat_template(messages, tools, template_kwargs)
 
     async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
         return params

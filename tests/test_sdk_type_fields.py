@@ -24,26 +24,30 @@ import openai
 import pytest
 import typing_extensions
 from anthropic.types import DirectCaller, MessageParam, TextBlockParam, ToolChoiceParam, ToolUnionParam, ToolUseBlock
+from anthropic.types.message_count_tokens_params import MessageCountTokensParams
+from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
 from anthropic.types.user_message_param import UserMessageParam
 from openai.types.chat import ChatCompletionMessage, ChatCompletionMessageParam, ChatCompletionToolUnionParam
 from openai.types.chat.chat_completion_tool_choice_option_param import ChatCompletionToolChoiceOptionParam
+from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming as ChatCreateParams
+from openai.types.completion_create_params import CompletionCreateParamsNonStreaming as CompletionCreateParams
 from openai.types.responses import ResponseFunctionToolCall, ResponseInputItemParam, ResponseOutputItem, ToolParam
 from openai.types.responses.input_token_count_params import InputTokenCountParams
-from openai.types.responses.response_create_params import ToolChoice
+from openai.types.responses.response_create_params import ResponseCreateParamsNonStreaming, ToolChoice
 
 from decoding import ServedModel
 from server.api.responses.truncation import droppable_units
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
-from tests.sdk_walk import Variant, branches, is_record, type_tag, values, walk
+from tests.sdk_walk import Variant, branches, is_record, minimal, type_tag, values, walk
 from tests.shared_servers import PLAIN
 from tests.test_api import MODEL, client_for, error_of, post, run
 from tests.test_e2e_openai import MODEL as E2E_MODEL
 from tests.test_responses_api import RecordingEngine, Server
 
 # what a refusal of something this server does not run says (the field is named beside it)
-NOT_SERVED = re.compile(r"not served|not supported|does not run|text-only")
+NOT_SERVED = re.compile(r"not served|not supported|does not support|does not run|text-only")
 # left to the reasoning tests (tests/test_reasoning*.py): thinking blocks sent back
 REASONING_BLOCKS = {"thinking", "redacted_thinking"}
 HELLO = {"role": "user", "content": "hello"}
@@ -102,7 +106,84 @@ def _something_to_count(fields: dict) -> bool:
         fields.get("model") in (None, MODEL)  # fmt: skip
 
 
+def _responses_body(fields: dict) -> dict:
+    """A response's body around the fields: an input (a message after listed items), a short reply, a
+    tool for a tool_choice to name, ``include`` for ``top_logprobs`` (whose logprobs it asks for)."""
+    body = {"max_output_tokens": 1, **_counted(fields)}
+    if body.get("top_logprobs") is not None and body.get("include") is None:
+        body["include"] = ["message.output_text.logprobs"]
+    return body
+
+
+def _a_response_to_something(fields: dict) -> bool:
+    """Not a response to nothing, to a response never stored, or of a model not served."""
+    return _something_to_count(fields)
+
+
+def _with_tools(fields: dict, tool: dict, model: str = MODEL) -> dict:
+    """A body around ``fields`` for the served model: a tool for a ``tool_choice`` to name."""
+    body = {**fields, "model": model}
+    if body.get("tool_choice") is not None and not body.get("tools"):
+        body["tools"] = [tool]
+    return body
+
+
+def _chat_body(fields: dict) -> dict:
+    """A chat body around the fields: a short reply, a tool for a tool_choice (legacy: a function for a
+    function_call), ``logprobs`` for ``top_logprobs`` (OpenAI requires it)."""
+    body = _with_tools({"max_tokens": 1, **fields}, CHAT_TOOL)
+    if body.get("function_call") is not None and not body.get("functions"):
+        body["functions"] = [CHAT_TOOL["function"]]
+    if body.get("top_logprobs") is not None:
+        body["logprobs"] = True
+    return body
+
+
+def _the_simplest_model(record: type) -> Callable[[dict], bool]:
+    """Only the record's minimal ``model`` (sent as the served model): another names a model not served."""
+    simplest = minimal(record).get("model")
+    return lambda fields: fields.get("model") == simplest
+
+
+def _anthropic_plausible(record: type) -> Callable[[dict], bool]:
+    """The served model, a conversation that ends with a user turn (the "messages-messages" slot walks the
+    turns; a prefill is refused in tests/test_messages_api.py); ``thinking`` enabled is left to the
+    reasoning tests (it needs --reasoning-parser and a budget of 1024 tokens or more)."""
+    served = _the_simplest_model(record)
+
+    def plausible(fields: dict) -> bool:
+        last = (fields.get("messages") or [{}])[-1]
+        return served(fields) and last.get("role") != "assistant" and \
+            (fields.get("thinking") or {}).get("type") != "enabled"  # fmt: skip
+
+    return plausible
+
+
+# the top-level fields of each API's create (and count) params; their items, messages, blocks, tools and
+# choices are walked by the slots below, each where it makes sense
+TOP_LEVEL = {
+    "responses-body": Slot("/v1/responses", ResponseCreateParamsNonStreaming, "", _responses_body,
+                           walked_elsewhere=(ResponseInputItemParam, ToolParam, ToolChoice),
+                           plausible=_a_response_to_something),
+    "chat-body": Slot("/v1/chat/completions", ChatCreateParams, "", _chat_body,
+                      walked_elsewhere=(ChatCompletionMessageParam, ChatCompletionToolUnionParam,
+                                        ChatCompletionToolChoiceOptionParam),
+                      plausible=_the_simplest_model(ChatCreateParams)),
+    "completions-body": Slot("/v1/completions", CompletionCreateParams, "",
+                             lambda fields: {"max_tokens": 1, **fields, "model": MODEL},
+                             plausible=_the_simplest_model(CompletionCreateParams)),
+    "messages-body": Slot("/v1/messages", MessageCreateParamsNonStreaming, "",
+                          lambda fields: _with_tools(fields, ANTHROPIC_TOOL), anthropic=True,
+                          walked_elsewhere=(MessageParam, TextBlockParam, ToolUnionParam, ToolChoiceParam),
+                          plausible=_anthropic_plausible(MessageCreateParamsNonStreaming)),
+    "messages-count-body": Slot("/v1/messages/count_tokens", MessageCountTokensParams, "",
+                                lambda fields: _with_tools(fields, ANTHROPIC_TOOL), anthropic=True,
+                                walked_elsewhere=(MessageParam, TextBlockParam, ToolUnionParam, ToolChoiceParam),
+                                plausible=_anthropic_plausible(MessageCountTokensParams)),
+}  # fmt: skip
+
 SLOTS = {
+    **TOP_LEVEL,
     "responses-input": Slot("/v1/responses", ResponseInputItemParam, "input[0]",
                             lambda item: {"input": [item, HELLO], "max_output_tokens": 1}),
     "responses-output-items": Slot("/v1/responses", ResponseOutputItem, "input[0]",

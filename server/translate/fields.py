@@ -13,10 +13,20 @@ for ``decoding`` to check against its signature.
 
 from __future__ import annotations
 
+import functools
+import typing
 from collections.abc import Sized
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BeforeValidator, Field, ModelWrapValidatorHandler, PrivateAttr, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    model_validator,
+)
 
 from decoding import ParameterError
 from decoding.params.structured import StructuredOutput
@@ -24,11 +34,12 @@ from server.output.tool_formats import DEFAULT_FORMAT
 from server.translate.strict import Strict
 from server.translate.structured import ResponseFormat, StructuredOutputs, structured_output_of
 from server.translate.tools import ToolUse
+from server.translate.unserved import refused_when_true
 from server.translate.watermark import WatermarkingConfigBody
 
 
 class StreamOptions(Strict):
-    include_usage: bool = False
+    include_usage: bool | None = False
     # OpenAI pads stream events against length side channels unless told not to; Decoda pads none (a hint)
     include_obfuscation: bool | None = None
 
@@ -60,9 +71,18 @@ Metadata = Annotated[
 ]
 
 
+PrewarmOnly = refused_when_true("prompt_cache_options.prewarm (filling the prompt cache without a reply)",
+                               "every request here is answered; the prefix cache keeps a prompt's blocks from any "
+                               "request that read them")  # fmt: skip
+
+
 class PromptCacheOptions(Strict):
+    """Hints: the prefix cache keeps every prompt's blocks unasked, until evicted (no lifetime is promised)."""
+
     mode: Literal["implicit", "explicit"] | None = None
-    ttl: Literal["30m"] | None = None
+    ttl: Literal["30m", "12h"] | None = None
+    comparison_response_id: str | None = None  # asks for cache diagnostics "when the feature is enabled": it is not
+    prewarm: PrewarmOnly = None
 
 
 class RequestHints(Strict):
@@ -73,15 +93,38 @@ class RequestHints(Strict):
 
     store: bool | None = None  # a no-op: Decoda keeps no completions (nothing to list, distil or evaluate later)
     metadata: Metadata | None = None  # tags for a stored completion: checked, and kept nowhere (see store)
-    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast"] | None = None  # one tier here
+    service_tier: Literal["auto", "default", "flex", "scale", "priority", "fast", "ultrafast"] | None = None  # one tier
     prompt_cache_key: str | None = None  # a hint: the prefix cache matches a prompt's tokens, whoever sent them
     prompt_cache_retention: Literal["in_memory", "24h"] | None = None  # a hint: cached blocks live until evicted
     prompt_cache_options: PromptCacheOptions | None = None  # a hint, as above
     safety_identifier: str | None = None  # like ``user``: an end user's id for OpenAI's abuse checks; unused
 
 
+@functools.cache
+def _null_is_default(model: type[BaseModel]) -> frozenset[str]:
+    """The fields of ``model`` with a default other than null and a type without null (``n``, ``stream``,
+    ``presence_penalty``, chat's ``logprobs``, completions' ``echo``...): OpenAI's and Anthropic's types make
+    each optional, and a client that dumps its params sends them null, which means "not given"."""
+    return frozenset(name for name, field in model.model_fields.items()
+                     if not field.is_required() and field.default is not None and field.default_factory is None
+                     and type(None) not in typing.get_args(field.annotation))  # fmt: skip
+
+
+def _nullable_defaults(schema: dict[str, Any], model: type[BaseModel]) -> None:
+    """``/openapi.json`` says what the server takes: null beside the type of each field it reads as its default."""
+    for name in _null_is_default(model):
+        prop = schema.get("properties", {}).get(model.model_fields[name].alias or name)
+        if prop is not None and "anyOf" not in prop:
+            kept = {key: prop.pop(key) for key in ("title", "default", "description") if key in prop}
+            inner = dict(prop)
+            prop.clear()
+            prop.update({"anyOf": [inner, {"type": "null"}], **kept})
+
+
 class GenerationFields(Strict):
     """Fields shared by both endpoints: OpenAI's, then transformers' GenerationConfig names."""
+
+    model_config = ConfigDict(json_schema_extra=_nullable_defaults)
 
     model: str | None = None  # optional: this server serves one target model
     max_tokens: int | None = None
@@ -161,6 +204,8 @@ class GenerationFields(Strict):
     @model_validator(mode="wrap")
     @classmethod
     def _split_custom_generate_args(cls, data: Any, handler: ModelWrapValidatorHandler) -> Any:
+        if isinstance(data, dict):  # null stands for the default (the SDKs' types make these optional)
+            data = {k: v for k, v in data.items() if v is not None or k not in _null_is_default(cls)}
         extra: dict[str, Any] = {}
         if isinstance(data, dict) and data.get("custom_generate") is not None:
             extra = {k: v for k, v in data.items() if k not in cls.model_fields}

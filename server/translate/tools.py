@@ -103,9 +103,11 @@ class ToolUse:
     tools: list[Tool]
     choice: ToolChoice | None = None
     parallel: bool = True
+    max_calls: int | None = None  # the Responses API's max_tool_calls: the most calls a reply makes (None: any)
 
     def check(self) -> None:
-        """What the schema cannot say: unique names, a choice that needs tools, a named tool that exists."""
+        """What the schema cannot say: unique names, a choice that needs tools, a named tool that exists,
+        a forced call that ``max_calls`` 0 would forbid."""
         names = [tool.function.name for tool in self.tools]
         if len(set(names)) != len(names):
             raise ParameterError(f"tools: function names must be unique, got {names}", param="tools")
@@ -118,11 +120,15 @@ class ToolUse:
                 f"tool_choice names function '{self.choice.function.name}', which is not among the tools {names}",
                 param="tool_choice",
             )
+        if self.max_calls == 0 and self.choice not in (None, "auto", "none"):
+            raise ParameterError(f"max_tool_calls 0 lets the reply make no call, but tool_choice "
+                                 f"{self.describe_choice()} forces one", param="max_tool_calls")  # fmt: skip
         check_size("tool_definitions", json.dumps(self.template_json() or []), "tools")  # what the grammar holds
 
     def offered(self) -> list[Tool]:
-        """The tools the model sees and whose calls are parsed (none with tool_choice "none")."""
-        return [] if self.choice == "none" else list(self.tools)
+        """The tools the model sees and whose calls are parsed (none with tool_choice "none", or when no
+        call may be made: ``max_calls`` 0)."""
+        return [] if self.choice == "none" or self.max_calls == 0 else list(self.tools)
 
     def template_json(self) -> list[dict[str, Any]] | None:
         """The offered tools as chat templates take them (OpenAI's JSON); None when none are offered."""
@@ -137,11 +143,13 @@ class ToolUse:
         only, so the answer's shape is the next turn's (OpenAI's reading: agents force a tool, then
         ask for the typed answer on the same settings). ``tool_format``: how the served model writes calls."""
         if answer is None or self.choice not in (None, "auto"):
-            return call_grammar(self.offered(), self.choice, self.parallel, tool_format=tool_format)
+            return call_grammar(self.offered(), self.choice, self.parallel, tool_format=tool_format,
+                                max_calls=self.max_calls)  # fmt: skip
         if answer.kind != "json":
             raise ParameterError(f"{answer.param} {answer.kind} cannot be combined with tools; a reply is either "
                                  "a JSON answer or tool calls (use a JSON schema)", param=answer.param)  # fmt: skip
-        return call_grammar(self.offered(), self.choice, self.parallel, answer=answer.value, tool_format=tool_format)
+        return call_grammar(self.offered(), self.choice, self.parallel, answer=answer.value, tool_format=tool_format,
+                            max_calls=self.max_calls)  # fmt: skip
 
     def describe_choice(self) -> str:
         return self.choice if isinstance(self.choice, str) else "naming a function"
@@ -153,6 +161,7 @@ def call_grammar(
     parallel: bool,
     answer: dict[str, Any] | None = None,
     tool_format: str = DEFAULT_FORMAT,
+    max_calls: int | None = None,
 ) -> StructuredOutput | None:
     """The grammar of a reply that may call ``tools``, written in ``tool_format``
     (``server.output.tool_formats``: its parser reads back what this grammar lets the model write).
@@ -165,17 +174,19 @@ def call_grammar(
     format's (Llama 3 JSON, pythonic) calls can only open the reply, any other reply is plain text.
     With ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict
     mode). ``answer`` (a JSON schema, under "auto"): the reply is either calls or that JSON.
+    ``max_calls``: the most calls the reply may make (OpenAI's ``max_tool_calls``: further calls are not
+    made); with a list format's calls opened anywhere in free text, they are then one list.
     """
-    if not tools or tool_choice == "none":
+    if not tools or tool_choice == "none" or max_calls == 0:
         return None
     fmt = FORMATS[tool_format]
     if isinstance(tool_choice, NamedToolChoice):
         chosen = [tool for tool in tools if tool.function.name == tool_choice.function.name]
     else:
         chosen = tools
-    several = parallel and tool_choice in (None, "auto", "required")
+    most = 1 if not parallel or tool_choice not in (None, "auto", "required") else max_calls
     if tool_choice not in (None, "auto"):
-        return _with_calls(fmt, chosen, several, ["start: groups"], param="tool_choice")
+        return _with_calls(fmt, chosen, most, ["start: groups"], param="tool_choice")
     if answer is not None:
         lines = ["start: groups | answer", f"answer: %json {json.dumps({'x-guidance': _JSON_STYLE, **answer})}"]
     elif fmt.anchored:
@@ -183,25 +194,44 @@ def call_grammar(
     else:  # free text, and a call wherever the model writes the opener
         closer = f" {literal(fmt.closer)}" if fmt.closer else ""
         lines = [
-            "start: lazy_group* TEXT" if several else "start: TEXT | lazy_group",
+            _lazy_start(most, fmt.call_per_group),
             "TEXT: /(.|\\n)*/",
             f"lazy_group: text_then_tag calls{closer}",
             f"text_then_tag[lazy]: TEXT {literal(fmt.opener)}",
         ]
-    return _with_calls(fmt, chosen, several, lines, param="tools")
+    return _with_calls(fmt, chosen, most, lines, param="tools")
 
 
-def _with_calls(fmt: ToolFormat, tools: list[Tool], several: bool, lines: list[str], param: str) -> StructuredOutput:
+def _lazy_start(most: int | None, call_per_group: bool) -> str:
+    """Free text with calls opened anywhere in it: any number of groups and text after them (``most``
+    None), or at most ``most`` calls, the reply ending with the last call it may make (after it, the
+    opener would start a call the grammar cannot hold). A list format's calls are one group then."""
+    if most is None:
+        return "start: lazy_group* TEXT"
+    if most == 1 or not call_per_group:
+        return "start: TEXT | lazy_group"
+    return f"start: lazy_group{{0,{most - 1}}} (TEXT | lazy_group)"
+
+
+def _repeated(item: str, separator: str, most: int | None) -> str:
+    """``item`` once, or up to ``most`` times (None: any number) with ``separator`` between."""
+    if most == 1:
+        return item
+    return f"{item} ({separator} {item})" + ("*" if most is None else f"{{0,{most - 1}}}")
+
+
+def _with_calls(fmt: ToolFormat, tools: list[Tool], most: int | None, lines: list[str], param: str) -> StructuredOutput:
     """``lines`` with the rules they build on: ``groups`` (the reply's calls, each group between the
-    format's opener and closer), ``calls`` (a group's) and ``call`` (any of ``tools``, by its own rule).
-    A format that tags each call alone writes several as several groups, one between each
-    ``separator``; a list format, as one group whose calls the ``separator`` parts."""
+    format's opener and closer), ``calls`` (a group's) and ``call`` (any of ``tools``, by its own rule),
+    ``most`` calls at most (None: any number). A format that tags each call alone writes several as
+    several groups, one between each ``separator``; a list format, as one group whose calls the
+    ``separator`` parts."""
     group = " ".join([literal(fmt.opener)] * bool(fmt.opener) + ["calls"] + [literal(fmt.closer)] * bool(fmt.closer))
     separator = literal(fmt.separator)
     rules = [
-        f"groups: group ({separator} group)*" if several and fmt.call_per_group else "groups: group",
+        "groups: " + _repeated("group", separator, most if fmt.call_per_group else 1),
         f"group: {group}",
-        f"calls: call ({separator} call)*" if several and not fmt.call_per_group else "calls: call",
+        "calls: " + _repeated("call", separator, 1 if fmt.call_per_group else most),
         "call: " + " | ".join(f"call_{i}" for i in range(len(tools))),
     ]
     for i, tool in enumerate(tools):

@@ -17,7 +17,10 @@ place for them). ``metadata.user_id``, ``service_tier`` and ``cache_control`` ar
 tier and a prefix cache that keeps every prompt's blocks without being asked; so are a tool's
 ``eager_input_streaming`` (a call's input streams once the parser has read it whole) and
 ``input_examples`` (a chat template's tools have no place for them). A tool's ``defer_loading`` and
-non-direct ``allowed_callers`` are refused when set (``server.translate.unserved``).
+non-direct ``allowed_callers`` are refused when set (``server.translate.unserved``). The fields about
+how Anthropic runs a request (``speed``, ``inference_geo``, ``user_profile_id``, ``workspace_id``:
+hints; ``container`` and a ``diagnostics.previous_message_id``: refused) are
+``server.api.messages.run_options``.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from decoding import GenerationParams, ParameterError
 from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
 from server.api.messages.blocks import CacheControl, InputMessage, TextBlock, system_text, template_messages
+from server.api.messages.run_options import RequestHints, RunOptions
 from server.api.messages.thinking import ThinkingConfig, check_budget
 from server.translate.fields import GenerationFields
 from server.translate.params import to_params
@@ -157,7 +161,7 @@ OTHER_SPELLINGS = {
 }
 
 
-class MessagesRequest(Conversation, GenerationFields):
+class MessagesRequest(Conversation, RunOptions, GenerationFields):
     max_tokens: int  # required, as Anthropic's
     stop_sequences: list[str] | None = None
     metadata: Metadata | None = None
@@ -206,7 +210,8 @@ class MessagesRequest(Conversation, GenerationFields):
         return {**Conversation.rendered_texts(self), **GenerationFields.rendered_texts(self)}
 
 
-class CountTokensRequest(Conversation):
-    """``/v1/messages/count_tokens``: the conversation alone."""
+class CountTokensRequest(Conversation, RequestHints):
+    """``/v1/messages/count_tokens``: the conversation alone, and the hints a message takes."""
 
     cache_control: CacheControl | None = None  # a hint, as on a message
+    output_config: OutputConfig | None = None  # checked as a message's; a format constrains the reply, not the prompt

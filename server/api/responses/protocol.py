@@ -18,7 +18,10 @@ function tool's ``async``, ``defer_loading`` and non-direct ``allowed_callers`` 
 with ``store: false`` (a background response is polled by id), ``n`` above 1 (a response has one
 output), chat's ``response_format`` (``text.format`` is this API's spelling). ``truncation: "auto"``
 drops the conversation's oldest items until it fits (``server.api.responses.truncation``);
-``"disabled"``, the default, keeps a conversation that does not fit a 400.
+``"disabled"``, the default, keeps a conversation that does not fit a 400. The fields about how OpenAI
+runs a response (``max_tool_calls``, honoured by the call grammar; ``background_options``,
+``access_programs``, ``image``; ``prompt``, ``moderation`` and ``context_management``, refused unless
+null) are ``server.api.responses.run_options``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from decoding import GenerationParams, ParameterError
 from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
 from server.api.responses.items import InputItem, item_texts, stored_items
+from server.api.responses.run_options import RunOptions
 from server.translate.fields import GenerationFields, RequestHints
 from server.translate.params import to_params
 from server.translate.strict import Strict
@@ -195,7 +199,7 @@ class ResponsesPrompt(Strict):
     reasoning: Reasoning | None = None
 
 
-class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
+class ResponsesRequest(ResponsesPrompt, RunOptions, GenerationFields, RequestHints):
     store: bool | None = True  # OpenAI's default (null too): the response can be retrieved and continued
     background: bool | None = None
     max_output_tokens: int | None = None
@@ -218,8 +222,9 @@ class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
         """Chat's ``top_logprobs`` count when ``include`` asks for the output's logprobs."""
         unknown = [name for name in self.include or [] if name != LOGPROBS_INCLUDE]
         if unknown:
-            raise ParameterError(f"include may only hold {LOGPROBS_INCLUDE!r} here (this server runs no hosted "
-                                 f"tools and no reasoning model), got {unknown[0]!r}", param="include")  # fmt: skip
+            raise ParameterError(f"include {unknown[0]!r} is not served: this server runs no hosted tools, reads no "
+                                 f"images and keeps no encrypted reasoning; include may hold {LOGPROBS_INCLUDE!r}",
+                                 param="include")  # fmt: skip
         if LOGPROBS_INCLUDE not in (self.include or []):
             if self.top_logprobs is not None:
                 raise ParameterError(f"top_logprobs requires include [{LOGPROBS_INCLUDE!r}]", param="top_logprobs")
@@ -238,7 +243,7 @@ class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
             choice = self.tool_choice.mode
         else:
             choice = self.tool_choice
-        return ToolUse(tools, choice, self.parallel_tool_calls is not False)
+        return ToolUse(tools, choice, self.parallel_tool_calls is not False, max_calls=self.max_tool_calls)
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         tool_use = self.tool_use()
@@ -284,6 +289,7 @@ class ResponsesRequest(ResponsesPrompt, GenerationFields, RequestHints):
         return {
             "instructions": self.instructions,
             "max_output_tokens": self.max_output_tokens,
+            "max_tool_calls": self.max_tool_calls,
             "metadata": self.metadata or {},
             "parallel_tool_calls": self.parallel_tool_calls is not False,
             "previous_response_id": self.previous_response_id,
