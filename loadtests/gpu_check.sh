@@ -54,7 +54,7 @@ if [ -z "${SKIP_TESTS:-}" ]; then
   echo "== tests/gpu"
   # three processes: a device-side assert poisons its process's CUDA context, not the next one's
   for part in "tests/gpu/test_engine_cuda.py -k not(graphs)" "tests/gpu/test_engine_cuda.py -k graphs" \
-              "tests/gpu/test_server_cuda.py"; do
+              "tests/gpu/test_server_cuda.py" "tests/gpu/test_edges_cuda.py"; do
     set -- $part
     echo "== pytest $part" >> "$OUT/tests.log"
     timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -rs -p no:cacheprovider "$@" >> "$OUT/tests.log" 2>&1
