@@ -64,6 +64,38 @@ class Tally:
         self.tokens += tokens
 
 
+def at_rest(url: str) -> tuple[float, int]:
+    """(KV pool share held, /health status) once every request ended and the gauges are at rest."""
+    for _ in range(60):
+        metrics = httpx.get(f"{url}/metrics", timeout=10).text
+        if gauge(metrics, "decoda_num_requests_running") == gauge(metrics, "decoda_num_requests_waiting") == 0:
+            break
+        time.sleep(1)
+    return gauge(metrics, "decoda_kv_cache_usage_perc"), httpx.get(f"{url}/health", timeout=10).status_code
+
+
+def thirds(values: list[float]) -> tuple[float, float, float]:
+    """Means of a series' first, middle and last third."""
+    third = max(1, len(values) // 3)
+    parts = (values[:third], values[third : 2 * third], values[-third:])
+    return tuple(sum(part) / max(1, len(part)) for part in parts)
+
+
+def print_rss(rss_series: list[float]) -> None:
+    early, middle, late = thirds(rss_series)
+    print(f"\nresident memory (mean over each third of the run): first {early:.0f} MB, middle {middle:.0f} MB, "
+          f"last {late:.0f} MB (last / middle {late / middle:.2f}x)")  # fmt: skip
+
+
+def print_answers(tally: Tally, expected: dict[str, str]) -> None:
+    """Every answer by kind, then those other than the kind's expected status (200 unless named)."""
+    print("\n| kind | answer | count |\n|---|---|---:|")
+    for (kind, outcome), count in sorted(tally.answers.items()):
+        print(f"| {kind} | {outcome} | {count} |")
+    bad = {f"{k} {o}": n for (k, o), n in tally.answers.items() if o != expected.get(k, "200")}
+    print("\nunexpected answers: " + (json.dumps(bad) if bad else "none"))
+
+
 async def client_loop(http: httpx.AsyncClient, rng: random.Random, tally: Tally, deadline: float, tokens: int) -> None:
     while time.monotonic() < deadline:
         kind = rng.choice(list(MIX))
@@ -148,25 +180,10 @@ def main() -> None:
     print(f"server: decoda serve {' '.join(flags)}")
     with local_decoda(flags) as (url, proc):
         tally, rss_series = asyncio.run(soak(url, proc.pid, args))
-        for _ in range(60):  # idle: every request ended, the gauges at rest
-            metrics = httpx.get(f"{url}/metrics", timeout=10).text
-            if gauge(metrics, "decoda_num_requests_running") == gauge(metrics, "decoda_num_requests_waiting") == 0:
-                break
-            time.sleep(1)
-        held = gauge(metrics, "decoda_kv_cache_usage_perc")
-        health = httpx.get(f"{url}/health", timeout=10).status_code
-    third = max(1, len(rss_series) // 3)
-    early, late = sum(rss_series[:third]) / third, sum(rss_series[-third:]) / third
-    middle = sum(rss_series[third : 2 * third]) / third
-    print(f"\nresident memory (mean over each third of the run): first {early:.0f} MB, middle {middle:.0f} MB, "
-          f"last {late:.0f} MB (last / middle {late / middle:.2f}x)")  # fmt: skip
+        held, health = at_rest(url)
+    print_rss(rss_series)
     print(f"KV blocks held when idle: {held:.3f} of the pool; /health {health}")
-    print("\n| kind | answer | count |\n|---|---|---:|")
-    for (kind, outcome), count in sorted(tally.answers.items()):
-        print(f"| {kind} | {outcome} | {count} |")
-    expected = {"hostile:list_over_limit": "400", "hostile:huge_detect": "400"}
-    bad = {key: n for key, n in tally.answers.items() if key[1] != expected.get(key[0], "200")}
-    print("\nunexpected answers: " + (json.dumps({f"{k} {o}": n for (k, o), n in bad.items()}) if bad else "none"))
+    print_answers(tally, {"hostile:list_over_limit": "400", "hostile:huge_detect": "400"})
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 import httpx
 
 from loadtests.compare import cpu_summary, local_decoda
-from loadtests.soak import PROMPTS, Tally, gauge, rss_mb
+from loadtests.soak import PROMPTS, Tally, at_rest, gauge, print_answers, print_rss, rss_mb, thirds
 
 MODEL = "smollm2-135m-instruct"
 CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
@@ -138,11 +138,6 @@ def write_two_adapters(folder: Path) -> list[Path]:
     return write_adapters(load_model(MODEL).model, folder, rank=8)[:2]
 
 
-def thirds(values: list[float]) -> tuple[float, float, float]:
-    third = max(1, len(values) // 3)
-    return tuple(sum(part) / max(1, len(part)) for part in (values[:third], values[third : 2 * third], values[-third:]))
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--minutes", type=float, default=15)
@@ -159,27 +154,14 @@ def main() -> None:
         print(f"server: decoda serve {' '.join(flags)}")
         with local_decoda(flags) as (url, proc):
             tally, series = asyncio.run(soak(url, proc.pid, db, args))
-            for _ in range(60):  # idle: every request ended, the gauges at rest
-                metrics = httpx.get(f"{url}/metrics", timeout=10).text
-                if gauge(metrics, "decoda_num_requests_running") == gauge(metrics, "decoda_num_requests_waiting") == 0:
-                    break
-                time.sleep(1)
-            held = gauge(metrics, "decoda_kv_cache_usage_perc")
-            health = httpx.get(f"{url}/health", timeout=10).status_code
-    early, middle, late = thirds([rss for rss, _, _ in series])
+            held, health = at_rest(url)
+    print_rss([rss for rss, _, _ in series])
     per_row = [size / rows for _, size, rows in series if rows]
-    print(f"\nresident memory (mean over each third of the run): first {early:.0f} MB, middle {middle:.0f} MB, "
-          f"last {late:.0f} MB (last / middle {late / middle:.2f}x)")  # fmt: skip
     if per_row:
         b_early, b_middle, b_late = thirds(per_row)
         print(f"store bytes per stored response over the thirds: {b_early:.0f}, {b_middle:.0f}, {b_late:.0f}")
     print(f"KV blocks held when idle: {held:.3f} of the pool; /health {health}")
-    print("\n| kind | answer | count |\n|---|---|---:|")
-    for (kind, outcome), count in sorted(tally.answers.items()):
-        print(f"| {kind} | {outcome} | {count} |")
-    bad = {f"{kind} {outcome}": n for (kind, outcome), n in tally.answers.items() if outcome != "200"}
-    print("\nunexpected answers: " + (json.dumps(bad) if bad else "none"))
-
+    print_answers(tally, {})
 
 if __name__ == "__main__":
     main()
