@@ -48,8 +48,6 @@ from tests.test_responses_api import RecordingEngine, Server
 
 # what a refusal of something this server does not run says (the field is named beside it)
 NOT_SERVED = re.compile(r"not served|not supported|does not support|does not run|text-only")
-# left to the reasoning tests (tests/test_reasoning*.py): thinking blocks sent back
-REASONING_BLOCKS = {"thinking", "redacted_thinking"}
 HELLO = {"role": "user", "content": "hello"}
 FUNCTION_TOOL = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
 CHAT_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
@@ -212,7 +210,7 @@ SLOTS = {
                               anthropic=True, walked_elsewhere=(content_blocks(), TextBlockParam),
                               plausible=_blocks_in_their_turn),
     "messages-blocks": Slot("/v1/messages", content_blocks(), "messages[1].content[0]", _anthropic_turns,
-                            anthropic=True, skip=frozenset(REASONING_BLOCKS)),
+                            anthropic=True),
     "messages-system": Slot("/v1/messages", TextBlockParam, "system[0]",
                             lambda block: {"model": MODEL, "max_tokens": 1, "messages": [HELLO], "system": [block]},
                             anthropic=True),
