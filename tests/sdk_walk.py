@@ -94,16 +94,6 @@ def fields(record: type) -> list[Field]:
     return out
 
 
-def type_tag(record: type) -> str | None:
-    """The record's ``type`` literal, when it has one (a discriminated union's member)."""
-    for field in fields(record):
-        if field.name == "type":
-            values = [v for b in branches(field.hint) if typing_extensions.get_origin(b) is typing.Literal
-                      for v in typing_extensions.get_args(b)]  # fmt: skip
-            return values[0] if values else None
-    return None
-
-
 def values(hint: Any, name: str = "", record: type | None = None) -> list[Any]:  # noqa: ANN401
     """Plausible values of a field, the first the simplest: one per literal and per union branch."""
     if record is not None and (record.__name__, name) in BY_FIELD:
