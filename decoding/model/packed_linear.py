@@ -90,13 +90,15 @@ class SharedWeightLinear(nn.Module):
 
 
 def can_pack(model: nn.Module) -> bool:
-    """Packing needs a CPU model in float32 or bfloat16 and a PyTorch built with oneDNN."""
+    """Packing needs a CPU model in float32 or bfloat16 and a PyTorch built with oneDNN; bfloat16 also
+    needs a CPU whose oneDNN takes bf16 weights (AVX-512 BW/VL/DQ or AVX-NE-CONVERT): on an AVX2-only
+    CPU the reorder raises, so its bfloat16 linears stay plain ``F.linear``."""
     first = next(model.parameters())
-    return (
-        first.device.type == "cpu"
-        and first.dtype in (torch.float32, torch.bfloat16)
-        and torch.backends.mkldnn.is_available()
-    )
+    if first.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return False
+    if first.dtype == torch.bfloat16:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    return first.dtype == torch.float32
 
 
 def pack_linears(model: nn.Module) -> int:
