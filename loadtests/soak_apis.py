@@ -31,7 +31,7 @@ from loadtests.compare import cpu_summary, local_decoda
 from loadtests.soak import PROMPTS, Tally, at_rest, gauge, print_answers, print_rss, rss_mb, thirds
 
 MODEL = "smollm2-135m-instruct"
-CITY = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 40}}, "required": ["city"]}
 WEATHER = {"type": "function", "name": "get_weather", "description": "The weather in a city.", "parameters": CITY}
 KINDS = ("chat_stream", "responses_tools", "messages_stream", "adapter")
 
