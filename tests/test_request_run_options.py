@@ -13,36 +13,21 @@ import anthropic
 import httpx2
 import pytest
 
-from decoding.params.structured import StructuredOutput
 from server.output.tool_formats import FORMATS
 from server.translate.tools import Tool, call_grammar
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, error_of, post, run
 from tests.test_responses_api import RecordingEngine, Server
 from tests.test_sdk_type_fields import ANTHROPIC_TOOL, FUNCTION_TOOL, HELLO, get, openai_client
-from tests.test_tool_formats import NOW, OSLO, TIME, WEATHER, written
+from tests.test_tool_formats import NOW, OSLO, TIME, WEATHER, accepts, written  # noqa: F401 (accepts: a fixture)
 
 TIME_TOOL = {"type": "function", "name": "get_time", "parameters": {"type": "object", "properties": {}}}
-
-
-@pytest.fixture(scope="module")
-def accepts(smollm2_tokenizer):
-    from decoding.structured.compiler import GrammarCompiler
-
-    compiler = GrammarCompiler(smollm2_tokenizer, 49152, [2])
-
-    def accepts(spec: StructuredOutput, text: str) -> bool:
-        matcher = compiler.compile(spec)[0].new_matcher()
-        ok = all(matcher.consume_token(t) for t in smollm2_tokenizer.encode(text, add_special_tokens=False))
-        return ok and matcher.is_accepting()
-
-    return accepts
 
 
 # ---- max_tool_calls -------------------------------------------------------------------------------------
 @pytest.mark.slow
 @pytest.mark.parametrize("name", list(FORMATS))
-def test_max_tool_calls_is_the_most_calls_the_grammar_lets_a_reply_make(name, accepts):
+def test_max_tool_calls_is_the_most_calls_the_grammar_lets_a_reply_make(name, accepts):  # noqa: F811
     """OpenAI: "further attempts to call a tool will be ignored": here they cannot be written."""
     tools, three = [WEATHER, TIME], [OSLO, NOW, OSLO]
     for choice in ("required", "auto"):
