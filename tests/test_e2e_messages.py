@@ -10,8 +10,6 @@ model, and the shared server has no key."""
 from __future__ import annotations
 
 import json
-import threading
-import time
 from collections.abc import Iterator
 
 import anthropic
@@ -23,7 +21,8 @@ from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 from tests.shared_servers import PLAIN
-from tests.test_e2e_openai import MODEL, free_port
+from tests.test_e2e_openai import MODEL
+from tests.threaded_server import uvicorn_in_thread
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,20 +45,8 @@ def server(shared_server) -> str:
 @pytest.fixture(scope="module")
 def keyed_server() -> Iterator[str]:
     """A real uvicorn whose app requires ``KEY``, over the fake engine (a thread of this process)."""
-    import uvicorn
-
-    app = create_app(Settings(api_key=KEY), engine_client=FakeEngineClient())
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the keyed server did not start in 30 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
+    with uvicorn_in_thread(create_app(Settings(api_key=KEY), engine_client=FakeEngineClient())) as base:
+        yield base
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,6 @@ import hashlib
 import logging
 import sqlite3
 import threading
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -21,7 +20,7 @@ from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import MODEL, client_for, error_of, run
-from tests.test_e2e_openai import free_port
+from tests.threaded_server import uvicorn_in_thread
 
 BODY = {"model": MODEL, "prompt": "hi", "max_tokens": 1}
 
@@ -50,22 +49,11 @@ class GatedEngine(FakeEngineClient):
 @pytest.fixture
 def limited_server() -> Iterator[tuple[str, GatedEngine]]:
     """A real uvicorn (a thread of this process) over the gated engine: keys K1 and K2, one row per key."""
-    import uvicorn
-
     engine = GatedEngine()
     app = create_app(Settings(api_key="K1,K2", max_concurrency_per_key=1), engine_client=engine)
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline, "the server did not start in 30 s"
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", engine
-    engine.gate.set()
-    server.should_exit = True
-    thread.join(30)
+    with uvicorn_in_thread(app) as base:
+        yield base, engine
+        engine.gate.set()
 
 
 def test_an_unchecked_bearer_beside_a_valid_x_api_key_never_escapes_the_per_key_limit(limited_server):

@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import socket
-import threading
-import time
-
-import uvicorn
 
 from loadtests.loadgen import RequestResult, build_parser, percentile, run_load, summarize
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
+from tests.threaded_server import uvicorn_in_thread
 
 
 def test_percentile_interpolates():
@@ -30,24 +26,11 @@ def test_summarize_counts_only_successes():
 
 
 def test_against_a_real_server():
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(Settings(), FakeEngineClient(delay=0.01)), port=port, log_level="warning")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.05)
-    try:
+    with uvicorn_in_thread(create_app(Settings(), FakeEngineClient(delay=0.01))) as base:
         args = build_parser().parse_args(
-            ["--url", f"http://127.0.0.1:{port}", "--concurrency", "3", "--requests", "6", "--max-tokens", "5",
-             "--ban-tokens", ""]
-        )  # fmt: skip
+            ["--url", base, "--concurrency", "3", "--requests", "6", "--max-tokens", "5", "--ban-tokens", ""]
+        )
         summary = asyncio.run(run_load(args))
-    finally:
-        server.should_exit = True
-        thread.join(10)
     assert summary["errors"] == 0, summary["first_error"]
     assert summary["requests"] == 6 and summary["output_tokens"] == 30
     assert summary["ttft_p50"] >= 0.01 and summary["itl_p50"] >= 0.005
