@@ -56,6 +56,12 @@ class ChatTemplates:
         return cls(MODEL_TEMPLATE, None if renders_tools else tool_template)
 
 
+def _log_tokenizer_failure(built: Future) -> None:
+    """The start-up build's failure, said once in the log; each constrained request then answers it (a 500)."""
+    if not built.cancelled() and built.exception() is not None:
+        logger.error("structured outputs will fail: %s", built.exception())
+
+
 class OwnThread(ThreadPoolExecutor):
     """One named thread of the client's (tokenizer, grammar compiler). Once the drain has shut it
     down, work handed to it is an ``EngineUnavailableError`` (a 503 with ``Retry-After`` that a load
@@ -113,6 +119,9 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         # structured outputs compile on a thread of their own: a slow grammar never delays tokenizing
         self._compiler = compiler
         self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
+        if compiler is not None:  # llguidance's view of the vocabulary, built now rather than at the first
+            # constraint: for a 150k-token vocabulary (Qwen 2.5) it takes seconds on a busy CPU
+            self._compile_thread.submit(compiler.tokenizer).add_done_callback(_log_tokenizer_failure)
         self._observer = observer or EngineObserver()
         loras = getattr(worker.engine, "loras", None)
         pinned = {name: self._lora_entry(name, loras.path_of(name)) for name in (loras.names if loras else [])}
@@ -233,6 +242,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         begun = loop.create_future()  # the time limit counts the compile, not the wait behind others'
 
         def compile_now() -> tuple[CompiledGrammar, bool]:
+            self._compiler.tokenizer()  # built once, at start: the limit is this constraint's, not the server's
             loop.call_soon_threadsafe(lambda: begun.done() or begun.set_result(None))
             return self._compiler.compile(spec)
 
