@@ -39,6 +39,10 @@ class EngineObserver:
         """A request's constraint could not go on (``reason``: "error", its matcher's error state, or
         "budget", its masks over their time budget): the request failed with a 400."""
 
+    def on_cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
+        """The KV pool, once at start: positions per block, blocks in the pool, whether prefixes are
+        shared (vLLM's ``cache_config_info``: what a prefix-aware router sizes its own index by)."""
+
     def on_lora_requests(self, running: list[str], waiting: list[str], max_loras: int) -> None:
         """The LoRA adapters running requests use now, those waiting requests need, and ``--max-loras``
         (vLLM's ``lora_requests_info``: what a LoRA-aware router reads)."""

@@ -31,6 +31,7 @@ from server.http.counting import CountResponses
 from server.http.errors import install_error_handlers
 from server.http.limits import RequestLimits
 from server.http.metrics import Metrics
+from server.http.metrics_vllm import VllmCompat
 from server.output.streaming import close_remaining_streams, drain_streams_on_shutdown
 from server.output.tool_parser import resolve_parser
 from server.playground import playground_router
@@ -81,6 +82,8 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.keys = KeyRing.of(settings.api_keys(), settings.admin_api_keys())
     app.state.api_key_digests = app.state.keys.digests
     app.state.metrics = metrics
+    if settings.metrics_compat == "vllm":  # vLLM's series beside Decoda's, for routers that read them
+        metrics.registry.register(VllmCompat(metrics, lambda: getattr(app.state.engine, "model_name", None)))
     app.state.engine = engine_client
     app.state.owns_engine = engine_client is None  # an engine handed in (tests) is its owner's to stop
     app.state.loop = None

@@ -186,6 +186,8 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         "on" if config.prefix_caching else "off",
         "native" if native_available() else "gathering (no C++ compiler)",
     )
+    if observer is not None:
+        observer.on_cache_config(engine.pool.block_size, engine.pool.blocks.num_blocks, config.prefix_caching)
     return engine, _Built(loaded, max_model_len, assistants, custom_methods)
 
 

@@ -25,6 +25,7 @@ from server.output.tool_parser import check_parser
 TOOL_TEMPLATE_NAME = Path("chat_templates") / "hermes_tools.jinja"
 
 LOG_FORMATS = ("text", "json")
+METRICS_COMPAT = ("none", "vllm")  # server.http.metrics_vllm
 QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
 
 
@@ -124,6 +125,12 @@ class Settings:
     protect_metrics: bool = field(
         default=False, metadata={"help": "require an API key on /metrics too (/health and /ready stay open)"}
     )
+    metrics_compat: str = field(
+        default="none",
+        metadata={"help": "none | vllm: /metrics also serves vLLM's series (vllm:num_requests_waiting, "
+                          "vllm:kv_cache_usage_perc, vllm:lora_requests_info...), which routers such as the Gateway "
+                          "API Inference Extension's endpoint picker read"},
+    )  # fmt: skip
     public_docs: bool = field(
         default=False,
         metadata={"help": "with API keys, keep /docs, /redoc and /openapi.json open (they need a key otherwise)"},
@@ -270,6 +277,8 @@ class Settings:
             raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
         if self.log_format not in LOG_FORMATS:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
+        if self.metrics_compat not in METRICS_COMPAT:
+            raise ValueError(f"metrics_compat must be one of {', '.join(METRICS_COMPAT)}, got {self.metrics_compat!r}")
         non_negative = ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes",
                         "responses_quota_bytes", "responses_quota_items")  # fmt: skip
         for name in non_negative:

@@ -133,6 +133,7 @@ class Metrics(EngineObserver):
             ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=r,
         )  # fmt: skip
         self._lora_labels: tuple[str, str, str] | None = None
+        self.cache_config: tuple[int, int, bool] | None = None  # (block_size, num_blocks, prefix caching)
         self._spec_totals: dict[str, list[int]] = {}
 
     # ---- EngineObserver (worker thread) ------------------------------------------------------------
@@ -182,6 +183,9 @@ class Metrics(EngineObserver):
 
     def on_grammar_failed(self, reason: str) -> None:
         self.grammar_failures.labels(reason).inc()
+
+    def on_cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
+        self.cache_config = (block_size, num_blocks, prefix_caching)
 
     def on_lora_requests(self, running: list[str], waiting: list[str], max_loras: int) -> None:
         labels = (",".join(running), ",".join(waiting), str(max_loras))
