@@ -36,6 +36,7 @@ class EngineConfig:
     max_loras: int = 4  # adapters resident at once; more are kept loaded and swapped in least recently used
     max_lora_rank: int = 16  # the highest adapter rank served (the stacked matrices' width per adapter)
     max_loaded_loras: int = 8  # runtime-loaded adapters kept at once (idle ones evicted LRU); start's not counted
+    caller_weights: dict[str, float] = field(default_factory=dict)  # caller -> its fair share's weight (1 if absent)
 
     @property
     def serves_loras(self) -> bool:

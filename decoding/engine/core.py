@@ -70,7 +70,8 @@ class Engine:
         self.drafter = Drafter(self.runner, assistant_drafters(assistants or {}, limits, self.pool, device),
                                set(eos_token_ids), tokenizer)  # fmt: skip
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
-        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer, residency)
+        self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer, residency,
+                                   max_rows=limits.max_num_seqs, weights=limits.caller_weights)  # fmt: skip
         self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
         self.ctx = EngineContext.for_model(
@@ -183,7 +184,7 @@ class Engine:
     def _plan(self) -> list[_Fed]:
         batch = [_Fed(s, row_input, False) for s in self._prefilled() for row_input in s.plan()]
         budget = self.scheduler.prefill_budget(sum(len(fed.row_input.token_ids) for fed in batch))
-        for strategy in self.scheduler.running:
+        for strategy in self.scheduler.stepping():
             if strategy.request.prefill_done or budget <= 0:
                 continue
             chunk = prefill.next_chunk(strategy, budget)
@@ -286,7 +287,7 @@ class Engine:
         self.sampler.forget()
 
     def _prefilled(self) -> list[DecodingStrategy]:
-        return [strategy for strategy in self.scheduler.running if strategy.request.prefill_done]
+        return [strategy for strategy in self.scheduler.stepping() if strategy.request.prefill_done]
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)

@@ -147,6 +147,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         kv_cache_bytes=kv_cache_bytes(config.kv_cache_memory),
         block_size=config.block_size,
         prefix_caching=config.prefix_caching,
+        caller_weights=config.caller_weights,
     )
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
     engine = Engine(

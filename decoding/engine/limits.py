@@ -5,11 +5,16 @@ Contrastive search scores its candidates in scratch positions after a row (at mo
 hold one request of the longest context is refused at start, with the flag to change. So is one that
 cannot admit it with a row per ``--max-num-seqs`` (what the scheduler's admission asks): such a
 request would otherwise wait forever.
+
+The pool has two row handles per ``--max-num-seqs`` row: the running rows, and as many again for
+requests that gave way (a preempted request keeps its handles, ``engine/scheduler.py``), so a
+request that outranks the running ones finds a handle to start with. A handle is an index; the
+blocks are what costs memory, and they are sized by the running rows alone.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,14 +34,18 @@ class EngineLimits:
     kv_cache_blocks: int | None = None  # or its size in blocks (tests and benchmarks)
     block_size: int = DEFAULT_BLOCK_SIZE
     prefix_caching: bool = True
+    caller_weights: dict[str, float] = field(default_factory=dict)  # caller -> its fair share's weight (1 if absent)
 
 
 def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.device) -> KVPool:
     """The target's pool, refused at start when one request of ``max_model_len`` cannot fit."""
     scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
+    num_blocks = limits.kv_cache_blocks
+    if num_blocks is None and limits.kv_cache_bytes is None:  # every running row at full length
+        num_blocks = limits.max_num_seqs * -(-(limits.max_model_len + scratch) // limits.block_size)
     pool = KVPool.for_model(
-        model, num_slots=limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
-        memory_bytes=limits.kv_cache_bytes, num_blocks=limits.kv_cache_blocks, block_size=limits.block_size,
+        model, num_slots=2 * limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
+        memory_bytes=limits.kv_cache_bytes, num_blocks=num_blocks, block_size=limits.block_size,
         prefix_caching=limits.prefix_caching,
     )  # fmt: skip
     num_blocks = pool.blocks.num_blocks
@@ -66,7 +75,7 @@ def assistant_drafters(
     for name, assistant in assistants.items():
         model, tokenizer, eos = assistant if isinstance(assistant, tuple) else (assistant, None, None)
         drafters[name] = make_assistant(
-            name, model, limits.max_num_seqs, 2 * limits.max_model_len + MAX_CONTRASTIVE_TOP_K, device, tokenizer,
+            name, model, pool.num_slots, 2 * limits.max_model_len + MAX_CONTRASTIVE_TOP_K, device, tokenizer,
             eos, num_blocks=2 * pool.blocks.num_blocks,
         )  # fmt: skip
     return drafters

@@ -1,29 +1,50 @@
-"""Who runs next: FIFO admission while KV blocks allow, preemption when they run out, a token budget.
+"""Who runs next: admission while rows and KV blocks allow, preemption when they run out, a token budget.
 
-Admission takes a request when a row handle per row and the blocks of its whole prompt (less
-what the prefix cache already holds) are free, keeping a reserve for the running rows to grow
-into. When a step's rows still need more blocks than are free, the newest running request is
-preempted: its blocks are copied out of the pool (``KVPool.swap_out``), each block its rows share
-once, and it waits, ahead of every new request, until they fit again; its strategy state is
-untouched, so it resumes exactly where it stopped and its output is the same as if it had never
-paused. Keeping the sharing keeps the copy (host memory outside ``--kv-cache-memory``) and what it
-needs to resume to what it held, so a request that ran can always resume once it is alone.
+The order is ``policy``'s: priority, then a weighted fair share between callers, then arrival (with one
+caller and one priority: first come first served). Admission takes the head of that order when its
+rows fit under ``max_rows`` (``--max-num-seqs``) and the blocks of its whole prompt (less what the
+prefix cache already holds) are free, keeping a reserve for the running rows to grow into. When the
+head does not fit, a running request of lower priority, or of a caller over its share, gives way to
+it (``policy.victim_for``); when a step's rows need more blocks than are free, the least entitled
+running request gives way (``policy.least_entitled``).
 
-A request at the head of the line when nothing runs can only fit if the whole pool is enough for
-it; when it is not, it never will be: ``admit`` hands it back as unfit (the engine fails it with
-its id) instead of leaving the queue stuck behind it.
+A request that gives way is preempted: its blocks are copied out of the pool (``KVPool.swap_out``),
+each block its rows share once, and it waits, ahead of its caller's new requests, until they fit
+again; its strategy state and its row handles are untouched, so it resumes exactly where it stopped
+and its output is the same as if it had never paused. Keeping the sharing keeps the copy (host memory
+outside ``--kv-cache-memory``) and what it needs to resume to what it held, so a request that ran can
+always resume once it is alone. The pool has twice ``max_rows`` row handles (``limits.kv_pool_for``):
+the running rows, and as many again held by preempted requests; when preempted requests hold every
+free handle, one of them resumes before anything new starts.
+
+A request that cannot fit even with the pool to itself (more rows than ``max_rows``, more blocks than
+the pool) never will: ``admit`` hands it back as unfit (the engine fails it with its id) instead of
+leaving the queue stuck behind it, or anyone giving way to it.
 
 Decode rows always get their tokens; what is left of ``max_num_batched_tokens`` goes to prompt
-chunks in arrival order, so a long prompt is prefilled over several steps instead of stalling the
-streams already running (chunked prefill, as in vLLM and TGI). Rows that feed many tokens a step
-(contrastive candidates, drafts) could leave nothing for prompts, so prompts always keep a floor
-of the budget: an admitted request's prefill always makes progress.
+chunks in the running order (priority, then arrival), so a long prompt is prefilled over several steps
+instead of stalling the streams already running (chunked prefill, as in vLLM and TGI). Rows that feed
+many tokens a step (contrastive candidates, drafts) could leave nothing for prompts, so prompts always
+keep a floor of the budget: an admitted request's prefill always makes progress. While a prompt is
+being fed, the running requests of a lower priority sit those steps out (``stepping``): a request of
+higher priority gets its first token after a step as short as on an idle server, not after one carrying
+the whole batch's decode rows.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter
+from collections.abc import Mapping
 
+from decoding.engine.policy import (
+    Shares,
+    WaitingLine,
+    caller_of,
+    least_entitled,
+    priority_of,
+    run_order,
+    victim_for,
+)
 from decoding.kv.blocks import adapter_root
 from decoding.kv.pool import KVPool, SwappedRows
 from decoding.model.lora import LoraResidency
@@ -50,77 +71,130 @@ def admission_blocks(prompt_blocks: int, num_rows: int, num_blocks: int) -> int:
 class Scheduler:
     def __init__(
         self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None,
-        loras: LoraResidency | None = None,
+        loras: LoraResidency | None = None, max_rows: int | None = None, weights: Mapping[str, float] | None = None,
     ) -> None:  # fmt: skip
-        """``loras``: the LoRA adapters; a request with one is admitted once its adapter is resident."""
+        """``loras``: the LoRA adapters; a request with one is admitted once its adapter is resident.
+        ``max_rows``: rows running at once (``--max-num-seqs``; default: every row handle of the pool);
+        ``weights``: caller -> its weight in the fair share (1 when absent)."""
         self.pool = pool
         self.loras = loras
         self._adapter_slot: dict[int, int] = {}  # id(strategy) -> the bank slot its adapter holds
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_floor = max(1, int(max_num_batched_tokens * PREFILL_FLOOR_FRACTION))
         self.reserve = reserve_blocks(pool.blocks.num_blocks)
+        self.max_rows = max_rows or pool.num_slots
         self.observer = observer or EngineObserver()
+        self.shares = Shares(weights)
         # each request is held as its strategy (which holds the request): the slots are the strategy's
-        self.waiting: deque[DecodingStrategy] = deque()
-        self.running: list[DecodingStrategy] = []
-        self.preempted: deque[DecodingStrategy] = deque()  # oldest first; they resume before anyone new
+        self.waiting = WaitingLine(self.shares)  # new and preempted requests, in the policy's order
+        self.running: list[DecodingStrategy] = []  # in run_order: priority, then arrival
+        self.held: Counter[str] = Counter()  # caller -> rows its running requests hold
+        self.num_running_rows = 0
         self._swapped: dict[int, SwappedRows] = {}  # id(strategy) -> its K/V while preempted
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting) + len(self.preempted)
+        return len(self.waiting)
 
     @property
     def num_running(self) -> int:
         return len(self.running)
 
+    @property
+    def preempted(self) -> list[DecodingStrategy]:
+        """The waiting requests that ran and gave way."""
+        return self.waiting.preempted()
+
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running or self.preempted)
+        return bool(self.waiting or self.running)
 
     def add(self, strategy: DecodingStrategy) -> None:
-        self.waiting.append(strategy)
+        self.waiting.add(strategy)
 
     def next_deadline(self) -> float | None:
         """The soonest ``time.monotonic()`` at which a time limit ends one of the requests, if any has one."""
-        deadlines = [s.request.deadline() for s in (*self.running, *self.preempted, *self.waiting)]
+        deadlines = [s.request.deadline() for s in (*self.running, *self.waiting)]
         return min((d for d in deadlines if d is not None), default=None)
 
     def admit(self) -> tuple[list[DecodingStrategy], list[tuple[DecodingStrategy, str]]]:
-        """Resume preempted requests, then admit waiting ones first come first served, while they fit.
+        """Admit (or resume) requests in the policy's order while they fit, running ones giving way to
+        those that outrank them.
 
-        Returns the admitted requests, and the ones that cannot fit even with the pool to themselves,
-        with why: they are out of every queue, their rows freed; the caller fails them.
+        Returns the newly admitted requests, and the ones that cannot fit even with the pool to
+        themselves, with why: they are out of every queue, their rows freed; the caller fails them.
         """
         admitted: list[DecodingStrategy] = []
         unfit: list[tuple[DecodingStrategy, str]] = []
-        while self.preempted:
-            strategy = self.preempted[0]
-            if self._resume(strategy):
-                self.preempted.popleft()
-            elif self.running:
+        while (strategy := self.waiting.head(self.held)) is not None:
+            if not self._resuming(strategy) and self.pool.num_free < strategy.num_slots:
+                # preempted requests hold every free row handle: the next of them resumes first
+                strategy = self.waiting.head(self.held, preempted_only=True) or strategy
+            never = self._never_fits(strategy)
+            if never is None and (self._place(strategy) or self._make_way(strategy)):
+                if not self._resuming(strategy):
+                    admitted.append(strategy)
+                self._swapped.pop(id(strategy), None)
+                self.waiting.remove(strategy)
+                self._run(strategy)
+                continue
+            if self.running and never is None:
                 break
-            else:  # alone, and the whole pool is not enough: it never will be
-                unfit.append((strategy, self._too_big(self._swapped[id(strategy)].num_blocks, strategy)))
-                self.remove(strategy)
-        while not self.preempted and self.waiting:
-            strategy = self.waiting[0]
-            if self._start(strategy):
-                self.running.append(self.waiting.popleft())
-                admitted.append(strategy)
-            elif self.running:
-                break
-            else:
-                prompt_blocks = self.pool.blocks_for(len(strategy.request.prompt_ids))
-                needed = admission_blocks(prompt_blocks, strategy.num_slots, self.pool.blocks.num_blocks)
-                unfit.append((strategy, self._too_big(needed, strategy)))
-                self.remove(strategy)
+            unfit.append((strategy, never or self._too_big(self._blocks_needed(strategy), strategy)))
+            self.remove(strategy)
         self._report_adapters()
         return admitted, unfit
+
+    def _resuming(self, strategy: DecodingStrategy) -> bool:
+        return id(strategy) in self._swapped
+
+    def _blocks_needed(self, strategy: DecodingStrategy) -> int:
+        """Blocks the request needs to run with the pool to itself."""
+        if self._resuming(strategy):
+            return self._swapped[id(strategy)].num_blocks
+        prompt_blocks = self.pool.blocks_for(len(strategy.request.prompt_ids))
+        return admission_blocks(prompt_blocks, strategy.num_slots, self.pool.blocks.num_blocks)
+
+    def _never_fits(self, strategy: DecodingStrategy) -> str | None:
+        """Why the request cannot run even alone (None: it can)."""
+        blocks = self._blocks_needed(strategy)
+        if strategy.num_slots > self.max_rows or blocks > self.pool.blocks.num_blocks:
+            return self._too_big(blocks, strategy)
+        return None
+
+    def _place(self, strategy: DecodingStrategy) -> bool:
+        """Resume a preempted request or start a new one, if its rows and blocks fit now."""
+        if self.num_running_rows + strategy.num_slots > self.max_rows:
+            return False
+        return self._resume(strategy) if self._resuming(strategy) else self._start(strategy)
+
+    def _make_way(self, strategy: DecodingStrategy) -> bool:
+        """Preempt running requests that give way to ``strategy`` (``policy.victim_for``) until it fits."""
+        new = not self._resuming(strategy)
+        if new and (self.pool.num_free < strategy.num_slots or not self._adapter_free(strategy)):
+            return False  # giving way frees no row handle nor adapter bank slot: preempted requests keep theirs
+        while (victim := victim_for(strategy, self.running, self.held, self.shares)) is not None:
+            self.preempt(victim)
+            if self._place(strategy):
+                return True
+        return False
+
+    def _run(self, strategy: DecodingStrategy) -> None:
+        self.running.append(strategy)
+        self.running.sort(key=run_order)  # prompt chunks are fed in this order
+        self.held[caller_of(strategy)] += strategy.num_slots
+        self.num_running_rows += strategy.num_slots
+
+    def _stop_running(self, strategy: DecodingStrategy) -> None:
+        self.running.remove(strategy)
+        self.held[caller_of(strategy)] -= strategy.num_slots
+        if self.held[caller_of(strategy)] <= 0:
+            del self.held[caller_of(strategy)]
+        self.num_running_rows -= strategy.num_slots
 
     def _too_big(self, blocks: int, strategy: DecodingStrategy) -> str:
         return (
             f"the KV cache ({self.pool.blocks.num_blocks} blocks of {self.pool.block_size} tokens, "
-            f"{self.pool.num_slots} rows) cannot hold this request even alone (it needs {blocks} blocks "
+            f"{self.max_rows} rows) cannot hold this request even alone (it needs {blocks} blocks "
             f"and {strategy.num_slots} rows); raise --kv-cache-memory or --max-num-seqs"
         )
 
@@ -153,7 +227,7 @@ class Scheduler:
         return True
 
     def make_room(self, rows: list[tuple[DecodingStrategy, RowInput]]) -> tuple[DecodingStrategy, str] | None:
-        """Preempt the newest running requests until the rows of this step (``(strategy, row)``)
+        """Preempt the least entitled running requests until the rows of this step (``(strategy, row)``)
         have every block they write; returns a request that cannot fit even alone, and why."""
         pool = self.pool
         while True:
@@ -164,13 +238,13 @@ class Scheduler:
             if len(self.running) == 1:
                 alone = self.running[0]
                 return alone, self._too_big(pool.blocks.num_used + needed, alone)
-            self.preempt(self.running[-1])
+            self.preempt(least_entitled(self.running, self.held, self.shares))
 
     def preempt(self, strategy: DecodingStrategy) -> None:
-        """Take a request's K/V out of the pool; it waits, first in line, to resume."""
-        self.running.remove(strategy)
+        """Take a request's K/V out of the pool; it waits, ahead of its caller's new requests, to resume."""
+        self._stop_running(strategy)
         self._swapped[id(strategy)] = self.pool.swap_out(strategy.held_slots())
-        self.preempted.append(strategy)
+        self.waiting.add(strategy, preempted=True)
         self.observer.on_preempted()
 
     def swapped_blocks(self, strategy: DecodingStrategy) -> int:
@@ -178,16 +252,24 @@ class Scheduler:
         return self._swapped[id(strategy)].num_blocks
 
     def _resume(self, strategy: DecodingStrategy) -> bool:
-        """Put a preempted request back, keeping the reserve free unless nothing else runs."""
+        """Put a preempted request's K/V back, keeping the reserve free unless nothing else runs."""
         swapped = self._swapped[id(strategy)]
         reserve = self.reserve if self.running else 0
         if self.pool.blocks.num_free < swapped.num_blocks + reserve:
             return False
         self.pool.swap_in(swapped)
-        del self._swapped[id(strategy)]
-        self.running.append(strategy)
-        self.running.sort(key=lambda s: s.request.arrival_time)  # prefill order stays first come first served
         return True
+
+    def stepping(self) -> list[DecodingStrategy]:
+        """The running requests whose rows feed this step: while a request's prompt is being fed, those of
+        a lower priority (a higher number) sit the step out, so a prompt of higher priority is prefilled in a
+        step of its own standing and its first token does not wait on the whole batch's decode rows. Their
+        state is untouched: they go on at the next step. With one priority, every running request."""
+        prefilling = [priority_of(s) for s in self.running if not s.request.prefill_done]
+        if not prefilling:
+            return self.running
+        top = min(prefilling)
+        return [strategy for strategy in self.running if priority_of(strategy) <= top]
 
     def prefill_budget(self, num_decode_tokens: int) -> int:
         """Prompt tokens this step may carry after the decode rows' ``num_decode_tokens``."""
@@ -197,11 +279,8 @@ class Scheduler:
         """Forget a request and free its rows at once (finished, aborted, failed, timed out); the
         full blocks of what it computed stay in the prefix cache for later requests."""
         if strategy in self.running:
-            self.running.remove(strategy)
-        elif strategy in self.waiting:
-            self.waiting.remove(strategy)
-        elif strategy in self.preempted:
-            self.preempted.remove(strategy)
+            self._stop_running(strategy)
+        elif self.waiting.remove(strategy):
             self._swapped.pop(id(strategy), None)
         if strategy.request.error is None:
             for slot, token_ids in strategy.cached_sequences():
@@ -231,6 +310,17 @@ class Scheduler:
         for slot in held:
             self.pool.set_root(slot, root)
 
+    def _adapter_free(self, strategy: DecodingStrategy) -> bool:
+        """Whether the request's adapter (if any) can have a bank slot now."""
+        name = strategy.request.params.lora_name
+        if name is None or self.loras is None:
+            return True
+        slot = self.loras.acquire(name)
+        if slot is None:
+            return False
+        self.loras.release(slot)
+        return True
+
     def _let_go_adapter(self, strategy: DecodingStrategy) -> None:
         adapter = self._adapter_slot.pop(id(strategy), None)
         if adapter is not None and self.loras is not None:
@@ -239,5 +329,5 @@ class Scheduler:
     def _report_adapters(self) -> None:
         if self.loras is None:
             return
-        waiting = {s.request.params.lora_name for s in (*self.waiting, *self.preempted)} - {None}
+        waiting = {s.request.params.lora_name for s in self.waiting} - {None}
         self.observer.on_lora_requests(self.loras.running_names(), sorted(waiting), self.loras.max_loras)

@@ -44,13 +44,14 @@ BOUNDS: dict[str, Bounds] = {
     "assistant_confidence_threshold": Bounds(0, 1),
     "guidance_scale": Bounds(0, 100, low_open=True),  # HF takes any float; useful ones are ~1-10
     "seed": Bounds(-(2**63), 2**64 - 1),  # what torch.Generator.manual_seed takes
+    "priority": Bounds(-(2**31), 2**31 - 1),  # vLLM takes any int; a 32-bit one orders any scheme
 }
 
 
 # checked as they are; the others under their HF name or inside a strategy's checks
 SIMPLE_BOUNDED = ("top_p", "top_k", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
                   "presence_penalty", "frequency_penalty", "no_repeat_ngram_size", "n", "logprobs", "max_time",
-                  "length_penalty")
+                  "length_penalty", "priority")
 
 
 

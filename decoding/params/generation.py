@@ -105,6 +105,9 @@ class GenerationParams:
     thinking_start_ids: list[int] | None = None  # the opening tag's ids; None: the prompt opened the thinking
     # --- LoRA adapters (issue 42): the adapter a request's ``model`` names; None runs the base model ---
     lora_name: str | None = None
+    # --- scheduling (issue 55; decoding/engine/policy.py): who runs first, and whose share it counts in ---
+    priority: int = 0  # vLLM's: lower runs first (the server refuses non-zero under --scheduling-policy fcfs)
+    caller: str = ""  # who sent it, as the server names it ("key:<digest start>", "user:<id>"; "": anonymous)
     # --- custom decoding methods (issue 11) ---
     # a request's extra fields, the method's keyword arguments (server/translate/fields.py collects them)
     custom_generate_args: dict[str, object] | None = None

@@ -58,6 +58,9 @@ def validate(params: GenerationParams) -> None:
     _validate_structured(params)
     validate_thinking(params)
     validate_custom(params)
+    require(params.priority == 0 or params.custom_generate is None, "priority",
+            "a custom_generate method runs as an exclusive job between the batch's steps, in arrival order, outside "
+            f"the scheduler's priorities; priority must be 0 with it, got {params.priority}")  # fmt: skip
 
 
 def _validate_beams(params: GenerationParams) -> None:

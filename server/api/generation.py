@@ -21,6 +21,7 @@ from sse_starlette.sse import EventSourceResponse
 
 from decoding import EngineClient, GenerationParams, ParameterError, RequestOutput
 from decoding.params import guidance_active
+from server.http.auth import caller_of
 from server.http.errors import APIError, unavailable
 from server.http.limits import caller_hold
 from server.output.streaming import ChunkFormat, collect_all, sse_events, until_disconnect
@@ -29,6 +30,7 @@ from server.translate.guidance import with_negative_prompt_ids
 from server.translate.params import length_is_given, with_context_default
 from server.translate.prediction import with_prediction_ids
 from server.translate.presets import presets_of
+from server.translate.scheduling import scheduled
 from server.translate.sizes import check_body_sizes
 from server.translate.watermark import with_server_watermark
 
@@ -79,6 +81,7 @@ def translated(request: Request, client: EngineClient, body: Body, **endpoint: A
     body = presets_of(request).apply(body)  # request > preset > model defaults
     body = body.with_tool_format(request.app.state.settings.tool_call_parser)  # the calls the parser reads
     params = with_adapter(client, body, body.params(client.generation_defaults, **endpoint))
+    params = scheduled(params, body, request.app.state.settings.scheduling_policy, caller_of(request).identity)
     return body, with_server_watermark(request, params)  # request > server default
 
 

@@ -174,6 +174,10 @@ class GenerationFields(Strict):
     custom_generate: str | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # vLLM's: lower runs first (needs --scheduling-policy priority; server.translate.scheduling)
+    priority: int = Field(0, description="vLLM's scheduling priority: lower runs first, and running requests of a "
+                          "higher number give way to it; 0 by default; with --scheduling-policy fcfs (the default) "
+                          "only 0 is served (400 otherwise)")  # fmt: skip
     return_token_ids: bool = False
     skip_special_tokens: bool = True
     stop_strings: str | list[str] | None = None  # HF's: kept in the output (OpenAI's stop trims)
@@ -247,6 +251,11 @@ class GenerationFields(Strict):
     def tool_use(self) -> ToolUse | None:
         """The tools this body offers the model, in OpenAI's function shape (None: it offers none)."""
         return None
+
+    def end_user(self) -> str | None:
+        """The end user the body names (OpenAI's ``safety_identifier``, else ``user``): on a server without
+        API keys, the caller whose fair share the request counts in (``server.translate.scheduling``)."""
+        return getattr(self, "safety_identifier", None) or self.user
 
     def prediction_text(self) -> str | None:
         """OpenAI's Predicted Outputs: text the reply is expected to repeat (None: none given)."""

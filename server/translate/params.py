@@ -86,6 +86,7 @@ def to_params(
         structured_output=constraint,
         negative_prompt_ids=body.negative_prompt_ids,
         custom_generate_args=dict(body.custom_generate_args) or None,
+        priority=body.priority,
     )
     validate(params)
     return params

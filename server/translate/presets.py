@@ -38,7 +38,7 @@ METADATA = ("transformers_version", "_from_model_config")
 NOT_IN_PRESETS = aliases.NOT_HF_NAMES | frozenset({
     "model", "stop", "seed", "stream", "stream_options", "presence_penalty", "frequency_penalty", "logit_bias",
     "user", "assistant_model", "generation_preset", "custom_generate", "stop_token_ids", "ignore_eos",
-    "return_token_ids", "skip_special_tokens", "negative_prompt", "negative_prompt_ids",
+    "return_token_ids", "skip_special_tokens", "negative_prompt", "negative_prompt_ids", "priority",
 })  # fmt: skip
 
 Body = TypeVar("Body", bound=GenerationFields)

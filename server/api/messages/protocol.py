@@ -202,6 +202,10 @@ class MessagesRequest(Conversation, RunOptions, GenerationFields):
             return dataclasses.replace(found, param="output_config.format")
         return found
 
+    def end_user(self) -> str | None:
+        """Anthropic's ``metadata.user_id`` (this API takes no ``user``)."""
+        return self.metadata.user_id if self.metadata is not None else None
+
     def sized_lists(self) -> dict[str, Sized | None]:
         check_size("stop", self.stop_sequences, "stop_sequences")
         return super().sized_lists()
