@@ -17,7 +17,7 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType
 
-from decoding.model.quantization import apply, block_matrix
+from decoding.model.quantization import apply, block_matrix, ktile_matrix
 from decoding.model.quantization.block_matrix import (
     BlockMatrix,
     deinterleave_bytes,
@@ -28,6 +28,7 @@ from decoding.model.quantization.block_matrix import (
 )
 from decoding.model.quantization.gguf_blocks import decode_blocks
 from decoding.model.quantization.int4_matrix import Int4Matrix
+from decoding.model.quantization.ktile_matrix import KTileMatrix
 from decoding.model.quantization.weight_only import quantize_int4
 from tests.test_quantization_kernels import random_blocks
 
@@ -198,16 +199,21 @@ def test_bad_inputs_are_refused_by_the_operator():
 def test_gguf_block_types_take_the_native_kernel_where_it_runs_and_the_rest_stay(monkeypatch):
     q4 = decode_blocks(random_blocks(T.Q4_1, 32, 64), T.Q4_1)
     q8 = decode_blocks(random_blocks(T.Q8_0, 32, 64), T.Q8_0)
+    q5 = decode_blocks(random_blocks(T.Q5_0, 32, 64), T.Q5_0)
     q6 = decode_blocks(random_blocks(T.Q6_K, 32, 256), T.Q6_K)
     assert isinstance(apply._codes_matrix(q4, lookup=False), BlockMatrix)
     assert isinstance(apply._codes_matrix(q4, lookup=True), Int4Matrix)  # a 4-bit embedding reads the int4 layout
     wide = BlockMatrix if VNNI else Int4Matrix  # 5- to 8-bit codes and Q6_K's 16-column groups: AVX-512 VNNI only
-    assert isinstance(apply._codes_matrix(q6, lookup=False), wide)
+    assert isinstance(apply._codes_matrix(q5, lookup=False), wide)
+    k_quants = KTileMatrix if ktile_matrix.available() else wide  # Q4_K, Q6_K: the tiled kernel (AVX2)
+    assert isinstance(apply._codes_matrix(q6, lookup=False), k_quants)
     assert isinstance(apply._codes_matrix(q8, lookup=False), wide)
     assert isinstance(apply._codes_matrix(q8, lookup=True), wide)
-    monkeypatch.setattr(block_matrix, "_state", [None])  # as where the kernel cannot be built
+    monkeypatch.setattr(block_matrix, "_state", [None])  # as where the kernels cannot be built
+    monkeypatch.setattr(ktile_matrix, "_state", [None])
     assert isinstance(apply._codes_matrix(q4, lookup=False), Int4Matrix)
     assert isinstance(apply._codes_matrix(q8, lookup=True), Int4Matrix)
+    assert isinstance(apply._codes_matrix(q6, lookup=False), Int4Matrix)
 
 
 def test_the_embedded_models_blocks_are_within_the_bound():

@@ -10,13 +10,14 @@ import torch
 from decoding.config import EngineConfig
 from decoding.engine import prebuild
 from decoding.kv import paged_attention
-from decoding.model.quantization import block_matrix
+from decoding.model.quantization import block_matrix, ktile_matrix
 
 
 def test_the_builds_leave_the_operators_loaded() -> None:
     wait = prebuild.start_builds(EngineConfig(quantization="gguf"))
     wait()
     assert paged_attention._loaded and block_matrix._state  # decided once: the load only reads them
+    assert ktile_matrix._state  # a GGUF's K-quants' kernel too
     assert paged_attention.native_available() == bool(paged_attention._loaded[0])
 
 

@@ -60,6 +60,10 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
         from decoding.model.quantization import block_matrix
 
         operators.append(block_matrix.isa)
+    if config.quantization == "gguf":  # a GGUF's K-quants (Q4_K, Q6_K) take the tiled kernel
+        from decoding.model.quantization import ktile_matrix
+
+        operators.append(ktile_matrix.isa)
     if config.serves_loras:
         from decoding.model.lora import native
 

@@ -34,6 +34,8 @@ from decoding.model.packed_linear import own_remaining_tensors
 from decoding.model.quantization.affine import AffineCodes
 from decoding.model.quantization.block_matrix import BlockMatrix, fits
 from decoding.model.quantization.int4_matrix import Int4Matrix
+from decoding.model.quantization.ktile_matrix import KTileMatrix
+from decoding.model.quantization.ktile_matrix import fits as ktile_fits
 from decoding.model.quantization.modules import LookupMatrix, LowBitMatrix, QuantizedEmbedding, QuantizedLinear
 from decoding.model.quantization.sibling_products import fuse_sibling_products
 from decoding.model.quantization.weight_only import INT4_GROUP, quantize_int4, quantize_int8
@@ -77,9 +79,12 @@ class _Source:
 
 
 def _codes_matrix(codes: AffineCodes, lookup: bool) -> LowBitMatrix:
-    """The native block kernel where the codes fit it on this CPU (faster at a few rows; 8-bit codes
-    also serve an embedding's rows), else PyTorch's int4 kernel (Q6_K's 16-column groups, 5- to
-    8-bit codes without AVX-512 VNNI, a 4-bit embedding's row lookup)."""
+    """GGUF's K-quants (Q4_K, Q6_K) on the tiled kernel that keeps their factors (products and
+    lookups); other codes on the native block kernel where they fit it on this CPU (faster at a few
+    rows; 8-bit codes also serve an embedding's rows), else PyTorch's int4 kernel (Q6_K's 16-column
+    groups, 5- to 8-bit codes without AVX-512 VNNI, a 4-bit embedding's row lookup)."""
+    if ktile_fits(codes):
+        return KTileMatrix(codes)  # type: ignore[arg-type]
     if fits(codes) and (not lookup or codes.bits > 4):
         return BlockMatrix(codes)
     return Int4Matrix(codes, lookup=lookup)

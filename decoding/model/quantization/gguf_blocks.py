@@ -152,8 +152,57 @@ def supported_names() -> str:
     return ", ".join(kind.name for kind in DECODERS)
 
 
+class SuperBlocks(AffineCodes):
+    """A K-quant tensor (Q4_K, Q6_K) kept as the file's own super-blocks, its codes decoded on demand.
+
+    ``ktile_matrix`` multiplies the super-blocks as they are (the file's 6-bit scales and fp16 factors
+    stay factored, which the decoded form's float32 scale per group cannot), so a load that serves them
+    never decodes a whole tensor (1.1 GB of Qwen2.5-Coder-1.5B's blocks were ~1.4 GB of codes and
+    ~0.3 GB of float scales, made and dropped); anything that reads ``codes``, ``scale`` or ``offset``
+    (the other kernels, tests) gets exactly ``DECODERS``' result, decoded once. ``take`` and ``rows``
+    decode only the rows asked for."""
+
+    def __init__(self, raw: np.ndarray, kind: GGMLQuantizationType) -> None:
+        block_size, _ = GGML_QUANT_SIZES[kind]
+        object.__setattr__(self, "raw", raw)  # [rows, row_bytes] uint8: the file's bytes (may be memory-mapped)
+        object.__setattr__(self, "kind", kind)
+        object.__setattr__(self, "_decoded", None)
+        object.__setattr__(self, "zero_code", 32 if kind == GGMLQuantizationType.Q6_K else None)
+        object.__setattr__(self, "group_size", 16 if kind == GGMLQuantizationType.Q6_K else 32)
+        object.__setattr__(self, "bits", 6 if kind == GGMLQuantizationType.Q6_K else 4)
+        object.__setattr__(self, "_columns", raw.shape[1] // GGML_QUANT_SIZES[kind][1] * block_size)
+
+    def _full(self) -> AffineCodes:
+        if self._decoded is None:
+            object.__setattr__(self, "_decoded", DECODERS[self.kind](_blocks(self.raw, self.kind)))
+        return self._decoded  # type: ignore[return-value]
+
+    @property
+    def codes(self) -> torch.Tensor:  # type: ignore[override]
+        return self._full().codes
+
+    @property
+    def scale(self) -> torch.Tensor:  # type: ignore[override]
+        return self._full().scale
+
+    @property
+    def offset(self) -> torch.Tensor | None:  # type: ignore[override]
+        return self._full().offset
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.raw.shape[0], self._columns)
+
+    def take(self, ids: torch.Tensor) -> SuperBlocks:
+        return SuperBlocks(self.raw[ids.cpu().numpy()], self.kind)
+
+
+SUPER_BLOCK_TYPES = (GGMLQuantizationType.Q4_K, GGMLQuantizationType.Q6_K)
+
+
 def decode_blocks(raw: np.ndarray, kind: GGMLQuantizationType, *, tensor_name: str = "tensor") -> AffineCodes:
-    """``raw``: a GGUF tensor's bytes as ``[rows, row_bytes]`` uint8 (what ``GGUFReader`` gives)."""
+    """``raw``: a GGUF tensor's bytes as ``[rows, row_bytes]`` uint8 (what ``GGUFReader`` gives).
+    Q4_K and Q6_K come back as ``SuperBlocks`` (the bytes kept, decoded on demand)."""
     decoder = DECODERS.get(kind)
     if decoder is None:
         raise UnsupportedBlockType(
@@ -161,4 +210,6 @@ def decode_blocks(raw: np.ndarray, kind: GGMLQuantizationType, *, tensor_name: s
             f"(supported: {supported_names()}; float tensors stay float); use --quantization none to "
             "dequantize the file to float instead"
         )
+    if kind in SUPER_BLOCK_TYPES:
+        return SuperBlocks(raw, kind)
     return decoder(_blocks(raw, kind))

@@ -12,7 +12,8 @@ Which linears are siblings is read from their names within one module (``q_proj`
 ``v_proj``, ``gate_proj``/``up_proj``, the names transformers' decoder families share); the kernel
 checks that the input really is the last one (by its bytes), so siblings that turn out to read
 different inputs only cost a full product each, never a wrong row. The stacked matrix is the only
-copy: each part keeps a view of it, so the memory does not grow.
+copy: each part keeps a view of it, so the memory does not grow. K-quant tiles (``KTileMatrix``,
+8 rows a tile) stack the same way, tile after tile, where every part's rows fill whole tiles.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 from torch import nn
 
 from decoding.model.quantization.block_matrix import BlockMatrix
+from decoding.model.quantization.ktile_matrix import LANES, KTileMatrix
 from decoding.model.quantization.matrix_base import MatrixModule
 from decoding.model.quantization.modules import QuantizedLinear
 
@@ -81,14 +83,19 @@ def fuse_sibling_products(model: nn.Module) -> int:
 
 
 def _fusable(linear: object, first: object) -> bool:
-    if not (isinstance(linear, QuantizedLinear) and type(linear.matrix) is BlockMatrix):
+    if not (isinstance(linear, QuantizedLinear) and type(linear.matrix) in (BlockMatrix, KTileMatrix)):
         return False
     a, b = linear.matrix, first.matrix  # type: ignore[union-attr]
-    same_layout = (a.bits, a.zero, a.scale_columns) == (b.bits, b.zero, b.scale_columns)
-    return a.in_features == b.in_features and same_layout and a.codes.device == b.codes.device
+    if type(a) is not type(b) or a.in_features != b.in_features or a.codes.device != b.codes.device:
+        return False
+    if type(a) is KTileMatrix:  # parts stacked tile after tile: each fills whole tiles
+        return a.kind == b.kind and a.out_features % LANES == 0 and b.out_features % LANES == 0
+    return (a.bits, a.zero, a.scale_columns) == (b.bits, b.zero, b.scale_columns)
 
 
 def _stack(linears: list[QuantizedLinear]) -> None:
+    if type(linears[0].matrix) is KTileMatrix:
+        return _stack_tiles(linears)
     matrices: list[BlockMatrix] = [linear.matrix for linear in linears]  # type: ignore[misc]
     # one scale dtype for the stack: float16 only where every part's is (float32 holds float16 exactly)
     dtype = torch.float16 if all(m.scales.dtype == torch.float16 for m in matrices) else torch.float32
@@ -102,3 +109,37 @@ def _stack(linears: list[QuantizedLinear]) -> None:
         linear.matrix = BlockMatrixPart(codes, scales, mins, layout, matrix.in_features, start, end)
         start = end
 
+
+class KTileMatrixPart(KTileMatrix):
+    """Rows ``start..end`` of stacked K-quant tiles, cut from the stacked product as ``BlockMatrixPart``."""
+
+    def __init__(self, codes: torch.Tensor, meta: torch.Tensor, kind: int, total: int, in_features: int,
+                 start: int, end: int) -> None:  # fmt: skip
+        MatrixModule.__init__(self)  # the stacked tiles are packed already
+        self.keep("codes", codes)
+        self.keep("meta", meta)
+        self.kind, self.total, self.start, self.end = kind, total, start, end
+        self.out_features, self.in_features = end - start, in_features
+        self._refresh_operands()
+
+    def matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.decoda_ktile.linear_part(x, self.codes, self.meta, self.kind, self.total, self.start,
+                                                  self.end)  # fmt: skip
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return super().rows(ids + self.start)
+
+    def nbytes(self) -> int:
+        return int(sum(t.numel() * t.element_size() for t in (self.codes, self.meta)) * self.out_features / self.total)
+
+
+def _stack_tiles(linears: list[QuantizedLinear]) -> None:
+    matrices: list[KTileMatrix] = [linear.matrix for linear in linears]  # type: ignore[misc]
+    codes = torch.cat([m.codes for m in matrices])
+    meta = torch.cat([m.meta for m in matrices])
+    total = sum(m.out_features for m in matrices)
+    start = 0
+    for linear, matrix in zip(linears, matrices, strict=True):
+        end = start + matrix.out_features
+        linear.matrix = KTileMatrixPart(codes, meta, matrix.kind, total, matrix.in_features, start, end)
+        start = end
