@@ -15,6 +15,7 @@ from decoding import EngineConfig
 from decoding.params.custom_methods import parse_custom_generate, require_trust
 from decoding.params.watermarking import WatermarkingConfig
 from decoding.text.chat_template import check_chat_template
+from server.config.caller_weights import key_name, keys_file_entries, parse_caller_weights
 from server.config.lora_modules import parse_lora_modules
 from server.config.store_url import POSTGRES_SCHEMES, POSTGRES_URL_SHAPE, postgres_url_problem, redacted_url
 from server.output.reasoning import check_reasoning_parser
@@ -25,6 +26,7 @@ from server.output.tool_parser import check_parser
 TOOL_TEMPLATE_NAME = Path("chat_templates") / "hermes_tools.jinja"
 
 LOG_FORMATS = ("text", "json")
+SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 METRICS_COMPAT = ("none", "vllm")  # server.http.metrics_vllm
 QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
 
@@ -120,8 +122,9 @@ class Settings:
                           "the environment and yaml); it is an API key too"},
     )  # fmt: skip
     api_keys_file: str | None = field(
-        default=None, metadata={"help": "file of accepted API keys, one per line ('#' comments, blank lines skipped)"}
-    )
+        default=None, metadata={"help": "file of accepted API keys, one per line ('#' comments, blank lines skipped), "
+                                        "each optionally followed by weight=N: its --caller-weights weight"},
+    )  # fmt: skip
     protect_metrics: bool = field(
         default=False, metadata={"help": "require an API key on /metrics too (/health and /ready stay open)"}
     )
@@ -144,6 +147,14 @@ class Settings:
         metadata={"help": "engine rows (prompts x n, or x num_beams) open per API key (per client address "
                           "without keys); more get 429 (0: off)"},
     )
+    scheduling_policy: str = field(
+        default="fcfs", metadata={"help": "fcfs | priority (vLLM's): with priority, a request's priority (lower "
+                                          "first) orders admission and preempts lower ones; fcfs refuses it"},
+    )  # fmt: skip
+    caller_weights: str | None = field(
+        default=None, metadata={"help": "NAME=WEIGHT,... fair share weights (default 1): NAME is key:<12 hex digits "
+                                        "of the key's SHA-256, as the access log shows> or user:<id> (no keys)"},
+    )  # fmt: skip
     playground: bool = field(
         default=True, metadata={"help": "serve the playground page at / (--no-playground: the API only)"}
     )
@@ -226,13 +237,14 @@ class Settings:
         A named keys file that cannot be read is a ValueError, like every other config error."""
         keys = [k.strip() for k in (self.api_key or "").split(",")] + self.admin_api_keys()
         if self.api_keys_file:
-            path = Path(self.api_keys_file)
-            try:
-                text = path.read_text()
-            except OSError as exc:
-                raise ValueError(f"API keys file {path}: {exc.strerror or exc}") from None
-            keys += [line.strip() for line in text.splitlines() if not line.strip().startswith("#")]
+            keys += [key for key, _ in keys_file_entries(self.api_keys_file)]
         return [k for k in dict.fromkeys(keys) if k]
+
+    def caller_weights_table(self) -> dict[str, float]:
+        """Caller -> its fair share's weight: the keys file's ``weight=``, then ``--caller-weights`` (which wins)."""
+        entries = keys_file_entries(self.api_keys_file) if self.api_keys_file else []
+        named = {key_name(key): weight for key, weight in entries if weight is not None}
+        return {**named, **parse_caller_weights(self.caller_weights)}
 
     def admin_api_keys(self) -> list[str]:
         """The keys ``admin_api_key`` names (comma-separated), which ``api_keys`` includes."""
@@ -264,6 +276,7 @@ class Settings:
             chat_template=self.chat_template,
             tool_chat_template=shipped_tool_template(),
             lora_modules=parse_lora_modules(self.lora_modules),
+            caller_weights=self.caller_weights_table(),
             lora_dir=self.lora_dir,
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
@@ -294,6 +307,10 @@ class Settings:
         if self.responses_lease <= 0:
             raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                             f"got {self.scheduling_policy!r}")  # fmt: skip
+        self.caller_weights_table()  # a malformed weight (the flag or the keys file) fails at start
         check_parser(self.tool_call_parser)
         check_reasoning_parser(self.reasoning_parser)
         self.responses_store_url()  # a store URL this server cannot open fails at start
