@@ -19,6 +19,7 @@ what it wrote; with "none" the tools are neither offered nor parsed.
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -170,7 +171,9 @@ def call_grammar(
     "auto" (or no choice): the model decides, and a call it opens must be valid: a tagged format's
     free text ends at the format's opener (llguidance's lazy lexeme, as llama.cpp's lazy grammars are
     triggered by it), then calls that name offered tools with arguments valid for their ``parameters``,
-    then text again, or nothing more when ``parallel`` is false (at most one call); an anchored
+    then text again, or nothing more when ``parallel`` is false (at most one call); a ``json_calls``
+    format's (hermes) calls also open wherever the model writes JSON naming an offered tool
+    (``_json_groups``); an anchored
     format's (Llama 3 JSON, pythonic) calls can only open the reply, any other reply is plain text.
     With ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict
     mode). ``answer`` (a JSON schema, under "auto"): the reply is either calls or that JSON.
@@ -193,24 +196,50 @@ def call_grammar(
         lines = ["start: groups | PLAIN", f"PLAIN: /{fmt.plain}/"]
     else:  # free text, and a call wherever the model writes the opener
         closer = f" {literal(fmt.closer)}" if fmt.closer else ""
+        last = "last_group" if fmt.json_calls and most is not None else "lazy_group"
         lines = [
-            _lazy_start(most, fmt.call_per_group),
+            _lazy_start(most, fmt.call_per_group, last),
             "TEXT: /(.|\\n)*/",
-            f"lazy_group: text_then_tag calls{closer}",
+            f"{'tag_group' if fmt.json_calls else 'lazy_group'}: text_then_tag calls{closer}",
             f"text_then_tag[lazy]: TEXT {literal(fmt.opener)}",
         ]
+        lines += _json_groups(chosen) if fmt.json_calls else []
     return _with_calls(fmt, chosen, most, lines, param="tools")
 
 
-def _lazy_start(most: int | None, call_per_group: bool) -> str:
+_SPACE = "[ \\t\\n\\r]*"
+
+
+def _json_groups(tools: list[Tool]) -> list[str]:
+    """Under "auto", a call written as JSON outside the format's tags (``json_calls``: fenced or bare, one
+    object or an array's items, as Qwen 2.5 writes them) is held to its schema too: the free text ends
+    wherever the model writes ``{"name": "<an offered name>"`` (a lazy lexeme per tool, so JSON naming
+    anything else stays free text, as the parser leaves it content), then that tool's arguments
+    (``"arguments"`` or ``"parameters"``) and the object's end. ``last_group``: the last call a reply may
+    make, after which only the brackets and fence closing it may follow."""
+    lines = ["lazy_group: tag_group | json_group", "last_group: tag_group | json_group JSON_TAIL",
+             "json_group: " + " | ".join(f"json_{i}" for i in range(len(tools))),
+             f'ARGUMENTS_KEY: /{_SPACE},{_SPACE}"(arguments|parameters)"{_SPACE}:{_SPACE}/',
+             f"OBJECT_END: /{_SPACE}\\}}/", f"JSON_TAIL: /{_SPACE}\\]?{_SPACE}(```)?{_SPACE}/"]  # fmt: skip
+    for i, tool in enumerate(tools):
+        name = re.escape(tool.function.name)
+        lines += [
+            f"json_{i}: text_then_json_{i} ARGUMENTS_KEY json_arguments_{i} OBJECT_END",
+            f'text_then_json_{i}[lazy]: /(.|\\n)*\\{{{_SPACE}"name"{_SPACE}:{_SPACE}"{name}"/',
+            f"json_arguments_{i}: %json {json.dumps({'x-guidance': _JSON_STYLE, **_arguments_schema(tool)})}",
+        ]
+    return lines
+
+
+def _lazy_start(most: int | None, call_per_group: bool, last: str = "lazy_group") -> str:
     """Free text with calls opened anywhere in it: any number of groups and text after them (``most``
-    None), or at most ``most`` calls, the reply ending with the last call it may make (after it, the
+    None), or at most ``most`` calls, the reply ending with the ``last`` call it may make (after it, the
     opener would start a call the grammar cannot hold). A list format's calls are one group then."""
     if most is None:
         return "start: lazy_group* TEXT"
     if most == 1 or not call_per_group:
-        return "start: TEXT | lazy_group"
-    return f"start: lazy_group{{0,{most - 1}}} (TEXT | lazy_group)"
+        return f"start: TEXT | {last}"
+    return f"start: lazy_group{{0,{most - 1}}} (TEXT | {last})"
 
 
 def _repeated(item: str, separator: str, most: int | None) -> str:

@@ -164,6 +164,9 @@ class ToolFormat:
     ``call_per_group``: each call has its own tags); ``call_rules(rule, name, arguments_schema,
     json_style)`` gives the llguidance Lark lines defining ``rule`` as one call of ``name`` (helper
     rules prefixed ``rule``).
+    A ``json_calls`` format's calls may also be written as JSON outside its tags (fenced or bare, naming
+    an offered tool: ``json_calls``); its grammar under "auto" then also opens a call wherever the model
+    writes ``{"name": "<offered>"``.
     Under "auto", an ``anchored`` format's calls can only open the reply (a reply that does not start
     with them matches ``plain``, a regex); any other's open wherever the model writes ``opener``
     (llguidance's lazy lexeme: free text until that trigger, then a call that must be valid).
@@ -177,6 +180,7 @@ class ToolFormat:
     separator: str = ""
     closer: str = ""
     call_per_group: bool = False
+    json_calls: bool = False
     anchored: bool = False
     plain: str = ""  # anchored formats: the regex of a reply that does not open with a call
 
