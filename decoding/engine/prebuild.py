@@ -27,6 +27,7 @@ import torch
 
 from decoding.config import EngineConfig
 from decoding.model.inductor_cache import use_private_inductor_cache
+from decoding.model.registry import quantization_for
 
 logger = logging.getLogger(__name__)
 
@@ -56,11 +57,12 @@ def start_builds(config: EngineConfig) -> Callable[[], None]:
     from decoding.sampling import fast_argmax
 
     operators: list[Callable[[], object]] = [paged_attention.native_available, fast_argmax.available]
-    if config.quantization in BLOCK_KERNEL_MODES:
+    quantization = quantization_for(config.model, config.quantization)  # ``auto`` as the load resolves it
+    if quantization in BLOCK_KERNEL_MODES:
         from decoding.model.quantization import block_matrix
 
         operators.append(block_matrix.isa)
-    if config.quantization == "gguf":  # a GGUF's K-quants (Q4_K, Q6_K) take the tiled kernel
+    if quantization == "gguf":  # a GGUF's K-quants (Q4_K, Q6_K) take the tiled kernel
         from decoding.model.quantization import ktile_matrix
 
         operators.append(ktile_matrix.isa)

@@ -42,6 +42,7 @@ from decoding.model.registry import (
     PackagedModel,
     expected_sha256,
     gguf_parts,
+    quantization_for,
 )
 from decoding.model.support import check_attention_interface, check_config, check_model
 from decoding.params.model_defaults import log_generation_defaults, split_generation_defaults
@@ -89,15 +90,13 @@ def resolve_quantization(name_or_path: str, quantization: str, device: str) -> s
         raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_CHOICES)}, got {quantization!r}")
     if quantization != "auto":
         return quantization
-    packaged = PACKAGED_MODELS.get(name_or_path)
-    if packaged is None or torch.device(device).type != "cpu":
+    if torch.device(device).type != "cpu":
         return "none"
-    if packaged.default_quantization != "none":
-        logger.info(
-            "quantization %s: the default for %s (--quantization none serves float weights)",
-            packaged.default_quantization, name_or_path,
-        )  # fmt: skip
-    return packaged.default_quantization
+    chosen = quantization_for(name_or_path, quantization)
+    if chosen != "none":
+        logger.info("quantization %s: the default for %s (--quantization none serves float weights)",
+                    chosen, name_or_path)  # fmt: skip
+    return chosen
 
 
 def load_model(

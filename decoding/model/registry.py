@@ -86,6 +86,15 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
 }
 
 
+def quantization_for(name_or_path: str, quantization: str) -> str:
+    """``auto``: the packaged model's default; ``none`` for every other source. Other modes as they are.
+    (Torch-free, so the start-up builds know early which kernels the load will want.)"""
+    if quantization != "auto":
+        return quantization
+    packaged = PACKAGED_MODELS.get(name_or_path)
+    return packaged.default_quantization if packaged is not None else "none"
+
+
 def module_folder(module: str) -> Path | None:
     """The folder of an installed top-level package, found without importing (running) it."""
     try:

