@@ -1,7 +1,8 @@
 """The same load against Decoda and, when installed, its peers, on the same model, in one run.
 
 Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
-- Decoda serving a packaged model (``--model``: SmolLM2-135M-Instruct by default, or Gemma 3 270M),
+- Decoda serving a packaged model (``--model``: SmolLM2-135M-Instruct by default, Gemma 3 270M or
+  Qwen2.5-Coder-1.5B-Instruct),
   once per ``--decoda-modes`` entry: float32
   (the default), bfloat16, auto (``--dtype auto``), a ``--quantization`` mode (gguf, int8, int4), or gguf+compile;
 - ``transformers serve --continuous-batching`` on the safetensors folder Decoda converted (float32);
@@ -23,6 +24,15 @@ not an error.
     .venv/bin/python -m loadtests.compare --servers decoda --baseline main~1 --concurrency 1,16
     .venv/bin/python -m loadtests.compare --model gemma3-270m --decoda-modes gguf+compile \
         --servers decoda,llama.cpp --concurrency 1,16 --rounds 3
+
+``--ttft-prompt PATH`` adds one level per server and round: one client sending that text
+(``loadtests/prompts/tool_prompt.txt``: a tool-laden prompt of ~500 Qwen2.5 tokens), each request
+with a head of its own so no server answers from a cached prefix, 8 tokens each: its TTFT is the
+prompt's prefill. The issue 52 run (Qwen2.5-Coder-1.5B, Decoda gguf against llama.cpp):
+
+    .venv/bin/python -m loadtests.compare --model qwen2.5-coder-1.5b --decoda-modes gguf \
+        --servers decoda,llama.cpp --concurrency 1,8 --requests-per-client 3 --rounds 3 \
+        --ttft-prompt loadtests/prompts/tool_prompt.txt
 
 ``--baseline REF`` adds Decoda as it was at git ``REF`` (float32, a detached worktree of this
 repository in a temporary folder, run with this virtualenv) as one more server taking turns, so a
@@ -57,10 +67,15 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "loadtests" / "results"
 LLAMACPP_ENV = "DECODA_LLAMA_CPP_PYTHON"  # the llama.cpp virtualenv's interpreter, when no flag names it
 DECODA, TRANSFORMERS, LLAMACPP = "decoda", "transformers serve --continuous-batching", "llama.cpp server"
-SMOLLM2 = "smollm2-135m-instruct"
-MODELS = (SMOLLM2, "gemma3-270m")  # the packaged models
-MODEL_TITLES = {SMOLLM2: "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M"}
-GGUF_TYPES = {SMOLLM2: "Q4_1", "gemma3-270m": "Q4_K_M (Q5_0, Q4_K, Q6_K layers; a Q8_0 tied head)"}
+SMOLLM2, QWEN = "smollm2-135m-instruct", "qwen2.5-coder-1.5b"
+MODELS = (SMOLLM2, "gemma3-270m", QWEN)  # the packaged models
+MODEL_TITLES = {SMOLLM2: "SmolLM2-135M-Instruct", "gemma3-270m": "Gemma 3 270M", QWEN: "Qwen2.5-Coder-1.5B-Instruct"}
+GGUF_TYPES = {
+    SMOLLM2: "Q4_1",
+    "gemma3-270m": "Q4_K_M (Q5_0, Q4_K, Q6_K layers; a Q8_0 tied head)",
+    QWEN: "Q4_K_M (Q4_K and Q6_K layers, a Q6_K head, a Q4_K embedding)",
+}
+BANNED = {QWEN: "151643,151645"}  # eos ids banned through logit_bias (loadgen's default: SmolLM2's 0,2)
 DECODA_MODES = {  # --decoda-modes entry: Decoda's flags for it
     "float32": [],
     "bfloat16": ["--dtype", "bfloat16"],
@@ -123,10 +138,12 @@ def packaged_gguf(model: str) -> Path:
     assembled once into Decoda's cache, as Decoda's own load does)."""
     if model == SMOLLM2:
         return smollm2_gguf()
-    from decoding.model.loading import _packaged_gguf
+    from decoding.model.loading import _assembled, _packaged_parts
     from decoding.model.registry import PACKAGED_MODELS
 
-    return _packaged_gguf(PACKAGED_MODELS[model], Path.home() / ".cache" / "decoda")
+    packaged, cache = PACKAGED_MODELS[model], Path.home() / ".cache" / "decoda"
+    parts, sha256 = _packaged_parts(packaged, cache, None)  # installed chunks, else the file fetched once
+    return parts[0] if len(parts) == 1 else _assembled(packaged, parts, sha256, cache)
 
 
 def converted_folder(model: str = SMOLLM2) -> Path | None:
@@ -255,25 +272,31 @@ def measure(
         if problem:
             return [{"server": name, "problem": problem}]
         ready_s = time.monotonic() - started  # process start to /health 200: what a user waits
-        for concurrency in args.concurrency_list:
+        banned = ["--ban-tokens", BANNED[args.model]] if args.model in BANNED else []
+        levels = [(concurrency, args.max_tokens, []) for concurrency in args.concurrency_list]
+        if args.ttft_prompt:  # one client, a long prompt with a head of its own each time: its prefill
+            levels.append((1, 8, ["--prompt-file", str(args.ttft_prompt)]))
+        for concurrency, max_tokens, extra in levels:
             load = loadgen_parser().parse_args(
                 ["--url", url, "--concurrency", str(concurrency),
                  "--requests", str(concurrency * args.requests_per_client),
-                 "--max-tokens", str(args.max_tokens), "--duration", str(args.duration)]
+                 "--max-tokens", str(max_tokens), "--duration", str(args.duration), *banned, *extra]
             )  # fmt: skip
             load.model = model
             # one warm-up request so nobody pays lazy initialisation inside the measurement
             warmup = loadgen_parser().parse_args(["--url", url, "--concurrency", "1", "--requests", "1",
-                                                  "--max-tokens", "8"])  # fmt: skip
+                                                  "--max-tokens", "8", *banned])  # fmt: skip
             warmup.model = model
             asyncio.run(run_load(warmup))
             summary = asyncio.run(run_load(load))
             summary["server"] = name
             summary["resident_mb"] = resident_mb(proc.pid)
             summary["ready_s"] = ready_s
+            if extra:
+                summary["prompt"] = Path(args.ttft_prompt).name
             rows.append(summary)
-            print(f"{name} c={concurrency}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}",
-                  flush=True)  # fmt: skip
+            what = f"prompt {summary['prompt']}, TTFT p50 {summary['ttft_p50']}" if extra else f"c={concurrency}"
+            print(f"{name} {what}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}", flush=True)
     finally:
         proc.terminate()
         try:
@@ -310,9 +333,10 @@ def summarize_rounds(rows: list[dict]) -> list[dict]:
     return lines
 
 
-def round_ratios(rows: list[dict], numerator: tuple[str, int], denominator: tuple[str, int]) -> list[float]:
-    """``numerator`` tok/s over ``denominator`` tok/s within each round that measured both."""
-    by_key = {(r["server"], r["concurrency"], r["round"]): r["output_tok_s"] for r in rows}
+def round_ratios(rows: list[dict], numerator: tuple[str, int], denominator: tuple[str, int],
+                 key: str = "output_tok_s") -> list[float]:  # fmt: skip
+    """``numerator``'s ``key`` (tok/s) over ``denominator``'s within each round that measured both."""
+    by_key = {(r["server"], r["concurrency"], r["round"]): r.get(key) for r in rows}
     ratios = []
     for round_ in sorted({r["round"] for r in rows}):
         top, bottom = by_key.get((*numerator, round_)), by_key.get((*denominator, round_))
@@ -347,13 +371,35 @@ def goal_lines(rows: list[dict]) -> list[str]:
         for concurrency in sorted({low, top}):
             lines.append(f"- Decoda {mode} vs Decoda float32 at concurrency {concurrency}: "
                          + describe(round_ratios(rows, (name, concurrency), (DECODA, concurrency))))  # fmt: skip
-        lines.append(f"- Decoda {mode} vs llama.cpp's server at concurrency {low}: "
-                     + describe(round_ratios(rows, (name, low), (LLAMACPP, low))))  # fmt: skip
+        for concurrency in sorted({low, top}):
+            lines.append(f"- Decoda {mode} vs llama.cpp's server at concurrency {concurrency}: "
+                         + describe(round_ratios(rows, (name, concurrency), (LLAMACPP, concurrency))))  # fmt: skip
+        if LLAMACPP in servers:
+            lines.append(f"- resident memory, Decoda {mode} over llama.cpp's server at concurrency {low}: "
+                         + describe(round_ratios(rows, (name, low), (LLAMACPP, low), key="resident_mb")))  # fmt: skip
+    return lines
+
+
+def prompt_lines(prompt_rows: list[dict]) -> list[str]:
+    """The long prompt's TTFT (one client): each server's median over rounds, Decoda's over llama.cpp's."""
+    if not prompt_rows:
+        return []
+    prompt = prompt_rows[0]["prompt"]
+    lines = ["", f"TTFT of the `{prompt}` prompt (one client, a head of its own per request, 8 tokens each):", ""]
+    for server in dict.fromkeys(r["server"] for r in prompt_rows):
+        ttfts = [r["ttft_p50"] for r in prompt_rows if r["server"] == server and r["ttft_p50"] is not None]
+        each = ", ".join(f"{t * 1000:.0f}" for t in ttfts)
+        lines.append(f"- {server}: p50 **{median(ttfts) * 1000:.0f} ms** (rounds: {each})")
+    servers = {r["server"] for r in prompt_rows}
+    for mode in (m for m in DECODA_MODES if decoda_name(m) in servers and LLAMACPP in servers):
+        ratios = round_ratios(prompt_rows, (decoda_name(mode), 1), (LLAMACPP, 1), key="ttft_p50")
+        shown = ", ".join(f"{x:.2f}x" for x in ratios)
+        lines.append(f"- TTFT, Decoda {mode} over llama.cpp's server: **{median(ratios):.2f}x** (rounds: {shown})")
     return lines
 
 
 def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num_rounds: int,
-                   model: str = SMOLLM2) -> Path:  # fmt: skip
+                   model: str = SMOLLM2, prompt_rows: list[dict] | None = None) -> Path:  # fmt: skip
     def ms(v: float | None) -> str:
         return "-" if v is None else f"{v * 1000:.0f}"
 
@@ -374,6 +420,7 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, num
         "figure in brackets) and the latencies are those of the median round.",
         "",
         *(goal_lines(rows) if rows else []),
+        *prompt_lines(prompt_rows or []),
         "",
         "| server | conc | requests | errors | tokens/req | output tok/s (rounds) | TTFT p50/p95 ms "
         "| ITL p50/p95 ms | e2e p50/p95 s | resident MB | ready s |",
@@ -441,6 +488,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--baseline", default=None, metavar="REF", help="also run Decoda as it was at git REF")
     parser.add_argument(
+        "--ttft-prompt",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="also one client sending this long prompt (its TTFT), e.g. loadtests/prompts/tool_prompt.txt",
+    )
+    parser.add_argument(
         "--llama-cpp-python",
         "--llamacpp-python",
         default=None,
@@ -482,8 +536,13 @@ def main() -> None:
                     row["round"] = round_
                     rows.append(row)
     command_line = "python -m loadtests.compare " + " ".join(sys.argv[1:])
-    print(write_markdown(rows, problems, command_line.strip(), args.rounds, args.model).read_text())
-    (RESULTS / "comparison.json").write_text(json.dumps({"rows": rows, "problems": problems}, indent=1))
+    prompt_rows = [row for row in rows if "prompt" in row]  # the long prompt's level: its own section
+    rows = [row for row in rows if "prompt" not in row]
+    report = write_markdown(rows, problems, command_line.strip(), args.rounds, args.model, prompt_rows)
+    print(report.read_text())
+    (RESULTS / "comparison.json").write_text(
+        json.dumps({"rows": rows, "prompt_rows": prompt_rows, "problems": problems}, indent=1)
+    )
     plot = write_plot(rows)
     if plot:
         print(f"plot: {plot}")

@@ -4,7 +4,9 @@ It measures per request the time to first token (first content chunk), inter-tok
 (gaps between content chunks), end-to-end latency, output tokens (from the usage chunk) and
 errors, and reports aggregate output tokens/s with p50/p95 of each latency. Loopback only: the
 URL must point at this machine. The run stops by itself after ``--requests`` requests or
-``--duration`` seconds, whichever comes first.
+``--duration`` seconds, whichever comes first. ``--prompt-file`` sends a long prompt instead of the
+short ones (``prompts/tool_prompt.txt``: a tool-laden prompt of ~500 Qwen2.5 tokens), each request
+with its own head so that no server serves it from a cached prefix: its TTFT is a prefill's.
 
     .venv/bin/python -m loadtests.loadgen --url http://127.0.0.1:8000 --concurrency 16 --requests 64
 """
@@ -16,6 +18,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlparse
 
 from openai import AsyncOpenAI
@@ -77,6 +80,12 @@ def summarize(results: list[RequestResult], wall: float, concurrency: int) -> di
     }
 
 
+def prompt_for(i: int, long_prompt: str | None, run: int) -> str:
+    """Request ``i``'s prompt: the short ones in turn, or the long prompt after a head naming the request
+    and the run, so that no server answers it from another request's cached prefix."""
+    return PROMPTS[i % len(PROMPTS)] if long_prompt is None else f"Request {i} of run {run}: {long_prompt}"
+
+
 async def one_request(client: AsyncOpenAI, model: str, prompt: str, args: argparse.Namespace) -> RequestResult:
     result = RequestResult()
     extra = json.loads(getattr(args, "extra_body", None) or "{}")  # a caller's Namespace may not have it
@@ -131,11 +140,14 @@ async def run_load(args: argparse.Namespace) -> dict:
     counter = iter(range(args.requests))
     deadline = time.perf_counter() + args.duration
 
+    long_prompt = Path(args.prompt_file).read_text() if getattr(args, "prompt_file", None) else None
+    run = time.monotonic_ns()
+
     async def worker() -> None:
         for i in counter:
             if time.perf_counter() > deadline:
                 return
-            results.append(await one_request(client, model, PROMPTS[i % len(PROMPTS)], args))
+            results.append(await one_request(client, model, prompt_for(i, long_prompt, run), args))
 
     start = time.perf_counter()
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -187,6 +199,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--extra-body", default=None, metavar="JSON",
                         help='more request fields, e.g. \'{"response_format": {"type": "json_object"}}\'')  # fmt: skip
+    parser.add_argument(
+        "--prompt-file",
+        default=None,
+        metavar="PATH",
+        help="every request sends this text (after a head of its own, so no prefix is shared) instead of the "
+        "short prompts, e.g. loadtests/prompts/tool_prompt.txt for a prompt's TTFT",
+    )
     parser.add_argument("--json", default=None, help="also write the summary to this file")
     return parser
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from loadtests.loadgen import RequestResult, build_parser, percentile, run_load, summarize
+from loadtests.loadgen import RequestResult, build_parser, percentile, prompt_for, run_load, summarize
 from server.app import create_app
 from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
@@ -58,3 +58,35 @@ def test_compare_takes_medians_and_ratios_within_rounds():
     assert lines[(TRANSFORMERS, 16)]["output_tok_s"] == 75.0
     goals = goal_lines(rows)
     assert "**10.00x**" in goals[0] and "**2.50x**" in goals[1]
+
+
+def test_a_long_prompt_gets_a_head_of_its_own_per_request_and_run():
+    text = "tools and a question " * 50
+    first, second, later_run = prompt_for(0, text, 7), prompt_for(1, text, 7), prompt_for(0, text, 8)
+    assert first.endswith(text) and second.endswith(text)
+    assert len({first, second, later_run}) == 3 and first[:12] != second[:12]  # they differ at the start
+    assert prompt_for(3, None, 7) == prompt_for(11, None, 9)  # the short prompts, in turn
+
+
+def test_compare_states_the_issue_52_goals_against_llama_cpp():
+    from loadtests.compare import LLAMACPP, decoda_name, goal_lines, prompt_lines
+
+    gguf = decoda_name("gguf")
+    rows = []
+    for round_, (one, eight, llama) in enumerate([(20.0, 90.0, 18.0), (22.0, 80.0, 20.0)], start=1):
+        rows += [
+            _row(gguf, 1, round_, one) | {"resident_mb": 1500.0},
+            _row(gguf, 8, round_, eight),
+            _row(LLAMACPP, 1, round_, llama) | {"resident_mb": 1200.0},
+            _row(LLAMACPP, 8, round_, llama),
+        ]
+    goals = "\n".join(goal_lines(rows))
+    assert "Decoda gguf vs llama.cpp's server at concurrency 1: **1.11x**" in goals  # (1.11, 1.10)
+    assert "Decoda gguf vs llama.cpp's server at concurrency 8: **4.50x**" in goals  # (5.0, 4.0)
+    assert "over llama.cpp's server at concurrency 1: **1.25x**" in goals  # resident memory
+    prompts = [
+        {"server": gguf, "concurrency": 1, "round": 1, "ttft_p50": 0.9, "prompt": "tool_prompt.txt"},
+        {"server": LLAMACPP, "concurrency": 1, "round": 1, "ttft_p50": 1.2, "prompt": "tool_prompt.txt"},
+    ]
+    text = "\n".join(prompt_lines(prompts))
+    assert "`tool_prompt.txt`" in text and "p50 **900 ms**" in text and "**0.75x**" in text

@@ -63,3 +63,17 @@ def test_the_second_packaged_model_is_served_by_every_server(monkeypatch, tmp_pa
     assert decoda[decoda.index("--model") + 1] == "gemma3-270m" and model == "gemma3-270m"
     llama, _ = servers[compare.LLAMACPP]
     assert llama[llama.index("--model") + 1] == str(tmp_path / "gemma3-270m.gguf")
+
+
+def test_qwen_is_served_by_decoda_and_llama_cpp(monkeypatch, tmp_path):
+    python = tmp_path / "python"
+    python.write_text("")
+    monkeypatch.setattr(compare, "packaged_gguf", lambda model: tmp_path / f"{model}.gguf")
+    prompt = "loadtests/prompts/tool_prompt.txt"
+    flags = ["--model", "qwen2.5-coder-1.5b", "--decoda-modes", "gguf", "--llama-cpp-python", str(python)]
+    servers = commands(monkeypatch, *flags, "--ttft-prompt", prompt)
+    decoda, model = servers[compare.decoda_name("gguf")]
+    assert decoda[decoda.index("--model") + 1] == "qwen2.5-coder-1.5b" and model == "qwen2.5-coder-1.5b"
+    llama, _ = servers[compare.LLAMACPP]
+    assert llama[llama.index("--model") + 1] == str(tmp_path / "qwen2.5-coder-1.5b.gguf")
+    assert compare.BANNED["qwen2.5-coder-1.5b"] == "151643,151645"  # <|endoftext|>, <|im_end|>
