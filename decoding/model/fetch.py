@@ -187,7 +187,8 @@ def download(client: httpx.Client, wheel: WheelFile, target: Path, progress: Pro
 
 
 def _get(client: httpx.Client, wheel: WheelFile, partial: Path, have: int, progress: Progress) -> None:
-    headers = {"Range": f"bytes={have}-"} if have else {}
+    # identity: a Range counts the bytes as stored, which a compressed transfer would not keep
+    headers = {"Accept-Encoding": "identity"} | ({"Range": f"bytes={have}-"} if have else {})
     with client.stream("GET", wheel.url, headers=headers) as response:
         if response.status_code == 416:  # nothing past what we hold: the checks below decide
             return
@@ -196,7 +197,7 @@ def _get(client: httpx.Client, wheel: WheelFile, partial: Path, have: int, progr
         if not resumed:  # a fresh start, or a server that ignores Range: the whole file again
             progress.start_part(progress.part, 0)
         with partial.open("ab" if resumed else "wb") as out:
-            for block in response.iter_bytes(CHUNK):
+            for block in response.iter_bytes():  # as it arrives: a cut keeps all that came
                 out.write(block)
                 progress.advance(len(block))
 
