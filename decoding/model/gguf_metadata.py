@@ -13,6 +13,7 @@ once into Decoda's cache (a few MB; no weights), so later starts read them in ab
 from __future__ import annotations
 
 import contextlib
+import copy
 import functools
 import json
 import logging
@@ -21,12 +22,13 @@ import shutil
 import struct
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gguf
 import numpy as np
 import transformers
+import transformers.modeling_gguf_pytorch_utils as gguf_utils
 from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
 from decoding.model.cache_files import cache_key, made
@@ -124,17 +126,35 @@ def _value(buffer: memoryview, at: int, kind: int, parts: list) -> tuple[list[in
 
 @contextlib.contextmanager
 def fast_gguf_reads() -> Iterator[None]:
-    """transformers' GGUF reads (config, tokenizer, dequantized weights) through ``FastGgufReader``, and
-    its tensor-name maps built once per architecture: ``get_gguf_hf_weights_map`` rebuilds the ``gguf``
+    """transformers' GGUF reads (config, tokenizer, dequantized weights) through ``FastGgufReader``, each
+    file read and its metadata parsed once (the config and the tokenizer each read it), and its
+    tensor-name maps built once per architecture: ``get_gguf_hf_weights_map`` rebuilds the ``gguf``
     package's map for every submodule it recurses into (397 times, 0.1 s each, for SmolLM2)."""
     with _swap:
-        reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-        gguf.GGUFReader = FastGgufReader  # type: ignore[misc,assignment]
+        reader, name_map, checkpoint = gguf.GGUFReader, gguf.get_tensor_name_map, gguf_utils.load_gguf_checkpoint
+        gguf.GGUFReader = functools.lru_cache(maxsize=None)(FastGgufReader)  # type: ignore[misc,assignment]
         gguf.get_tensor_name_map = functools.lru_cache(maxsize=None)(name_map)
+        gguf_utils.load_gguf_checkpoint = _metadata_once(checkpoint)
         try:
             yield
         finally:
             gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map  # type: ignore[misc]
+            gguf_utils.load_gguf_checkpoint = checkpoint
+
+
+def _metadata_once(load: Callable[..., dict]) -> Callable[..., dict]:
+    """``load_gguf_checkpoint`` whose metadata-only result (``return_tensors=False``) is parsed once per
+    file; each caller gets its own copy to change."""
+    parsed: dict[str, dict] = {}
+
+    def once(path: str, return_tensors: bool = False, model_to_load: object = None, torch_dtype: object = None) -> dict:
+        if return_tensors:
+            return load(path, return_tensors=True, model_to_load=model_to_load, torch_dtype=torch_dtype)
+        if path not in parsed:
+            parsed[path] = load(path)
+        return copy.deepcopy(parsed[path])
+
+    return once
 
 
 def metadata_folder(name: str, gguf_file: Path, cache_root: Path) -> Path:
