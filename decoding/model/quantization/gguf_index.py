@@ -19,6 +19,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from gguf.quants import quant_shape_to_byte_shape
 
 MAGIC = b"GGUF"
+_LENGTH = struct.Struct("<Q")
 SUPPORTED_VERSIONS = (2, 3)
 DEFAULT_ALIGNMENT = 32
 STRING, ARRAY = 8, 9
@@ -118,6 +119,14 @@ class GgufIndex:
             item, count = self._unpack("<I"), self._unpack("<Q")
             if item in FIXED_SIZES:
                 self._take(FIXED_SIZES[item] * count)
+            elif item == STRING:  # a vocabulary: 300,000 strings in Qwen2.5's, walked by their lengths alone
+                at, length = self._at, _LENGTH.unpack_from
+                try:
+                    for _ in range(count):
+                        at += 8 + length(self._buffer, at)[0]
+                except struct.error:
+                    raise ValueError(f"{self.path}: the file ends inside its header") from None
+                self._take(at - self._at)
             else:
                 for _ in range(count):
                     self._skip(item)
