@@ -77,6 +77,8 @@ NOT_CALLS = [
     '```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\nThat is how you would call it.\n```',
     "A [link](https://x.io), `code`, ```inline``` and - [ ] a task {not json} ] } [",
     "An unmatched { brace\n\nthen more text [with brackets",
+    'Inline code: `{"name": "get_weather", "arguments": {"city": "Paris"}}` is how a call looks.',
+    '```Json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n```',  # a language the grammar leaves free
 ]  # fmt: skip
 
 
@@ -139,6 +141,15 @@ def test_a_code_block_that_is_no_call_streams_as_content_up_to_its_end():
     assert stream.feed(body + "``") == (body, [])
     assert stream.feed("`\n") == ("```\n", [])
     assert calls_of(stream.feed('{"name": "get_time", "arguments": {}}')[1]) == [NOW]  # after it, calls again
+
+
+def test_a_tag_is_a_call_even_inside_a_code_block_which_goes_on_after_it():
+    text = '```\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>\n```\nand {"x": 1}'
+    content, calls = parse_whole(text, lambda: HermesStream(NAMES))
+    assert calls_of(calls) == [NOW] and content == '```\n\n```\nand {"x": 1}'
+    for pieces in splits(text, seed=3):
+        contents, calls = streamed(pieces)
+        assert calls_of(calls) == [NOW] and "".join(contents) == '```\n\n```\nand {"x": 1}', pieces
 
 
 def test_without_offered_names_only_tags_are_calls():
@@ -211,7 +222,34 @@ def test_the_auto_grammar_holds_json_calls_to_their_schema_and_leaves_other_json
     one = '```json\n[{"name": "get_weather", "arguments": {"city": "Paris"}}]\n```'
     assert accepts(lone, one) and accepts(lone, "No call.")
     assert not accepts(lone, '{"name": "get_time", "arguments": {}}\n{"name": "get_time", "arguments": {}}')
+    for text in ('```python\nreturn {"name": "get_weather", "arguments": {"city": city}}\n```',  # code: free
+                 '`{"name": "get_weather", "arguments": 3}`', '{"name": "get_weatherly", "x": 1}',
+                 '```json\n{"name": "Alice", "age": 30}\n```\nthen {"name": "get_time", "arguments": {}}'):  # fmt: skip
+        assert accepts(auto, text), text
+    for text in ('```json\n{"name": "get_weather", "arguments": {"city": "Paris"}}\nthat is all\n```',  # calls only
+                 '```json\n{"name": "Alice", "age": 30}\n```\nthen {"name": "get_time", "arguments": 3}'):  # fmt: skip
+        assert not accepts(auto, text), text
     strict = Tool.model_validate({"type": "function", "function": {**WEATHER.function.model_dump(), "strict": True}})
     closed = call_grammar([strict], "auto", parallel=True)
     assert not accepts(closed, '{"name": "get_weather", "arguments": {"city": "Paris", "x": 1}}')
     assert accepts(call_grammar([WEATHER], "auto", True), '{"name": "get_weather", "arguments": {"city": "P", "x": 1}}')
+
+
+@pytest.mark.slow
+def test_the_json_triggers_do_not_grow_with_the_tools_a_mask_at_every_token_with_128(smollm2_tokenizer):
+    """One lazy lexeme per tool and form exhausted llguidance's lexer at 16 tools ("too many expressions
+    constructed" where ``{"name": "`` was written); three triggers and the names after them hold 128."""
+    import llguidance.numpy
+
+    from decoding.structured.compiler import GrammarCompiler
+
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    tools = [Tool.model_validate({"type": "function", "function": {"name": f"tool_{i}", "parameters": schema}})
+             for i in range(128)]  # fmt: skip
+    matcher = GrammarCompiler(smollm2_tokenizer, 49152, [2]).compile(call_grammar(tools, "auto", True))[0].new_matcher()
+    mask = llguidance.numpy.allocate_token_bitmask(1, 49152)
+    text = 'Prose {"name": "Bob", "x": 1}, then:\n```json\n{"name": "tool_99", "arguments": {"a": "x"}}\n```\nDone.'
+    for token in smollm2_tokenizer.encode(text, add_special_tokens=False):
+        llguidance.numpy.fill_next_token_bitmask(matcher, mask, 0)
+        assert matcher.consume_token(token), matcher.get_error()
+    assert matcher.is_accepting()

@@ -19,7 +19,6 @@ what it wrote; with "none" the tools are neither offered nor parsed.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from typing import Annotated, Any, Literal
 
@@ -30,6 +29,7 @@ from decoding.params import check_size
 from decoding.params.structured import StructuredOutput
 from server.output.tool_formats import DEFAULT_FORMAT, FORMATS, ToolFormat
 from server.output.tool_formats.calls import literal
+from server.translate.json_call_grammar import json_call_lines
 from server.translate.strict import Strict
 from server.translate.structured import OpenAIName, closed_objects
 
@@ -173,7 +173,7 @@ def call_grammar(
     triggered by it), then calls that name offered tools with arguments valid for their ``parameters``,
     then text again, or nothing more when ``parallel`` is false (at most one call); a ``json_calls``
     format's (hermes) calls also open wherever the model writes JSON naming an offered tool
-    (``_json_groups``); an anchored
+    (``server.translate.json_call_grammar``); an anchored
     format's (Llama 3 JSON, pythonic) calls can only open the reply, any other reply is plain text.
     With ``strict: true`` a function's objects admit only the properties they name (OpenAI's strict
     mode). ``answer`` (a JSON schema, under "auto"): the reply is either calls or that JSON.
@@ -198,48 +198,26 @@ def call_grammar(
         closer = f" {literal(fmt.closer)}" if fmt.closer else ""
         last = "last_group" if fmt.json_calls and most is not None else "lazy_group"
         lines = [
-            _lazy_start(most, fmt.call_per_group, last),
+            _lazy_start(most, fmt.call_per_group, last, "free_tail" if fmt.json_calls else "TEXT"),
             "TEXT: /(.|\\n)*/",
             f"{'tag_group' if fmt.json_calls else 'lazy_group'}: text_then_tag calls{closer}",
             f"text_then_tag[lazy]: TEXT {literal(fmt.opener)}",
         ]
-        lines += _json_groups(chosen) if fmt.json_calls else []
+        if fmt.json_calls:  # calls written as JSON outside the tags, held to their schemas as well
+            schemas = [json.dumps({"x-guidance": _JSON_STYLE, **_arguments_schema(tool)}) for tool in chosen]
+            lines += json_call_lines([tool.function.name for tool in chosen], schemas, one_per_group=most is not None)
     return _with_calls(fmt, chosen, most, lines, param="tools")
 
 
-_SPACE = "[ \\t\\n\\r]*"
-
-
-def _json_groups(tools: list[Tool]) -> list[str]:
-    """Under "auto", a call written as JSON outside the format's tags (``json_calls``: fenced or bare, one
-    object or an array's items, as Qwen 2.5 writes them) is held to its schema too: the free text ends
-    wherever the model writes ``{"name": "<an offered name>"`` (a lazy lexeme per tool, so JSON naming
-    anything else stays free text, as the parser leaves it content), then that tool's arguments
-    (``"arguments"`` or ``"parameters"``) and the object's end. ``last_group``: the last call a reply may
-    make, after which only the brackets and fence closing it may follow."""
-    lines = ["lazy_group: tag_group | json_group", "last_group: tag_group | json_group JSON_TAIL",
-             "json_group: " + " | ".join(f"json_{i}" for i in range(len(tools))),
-             f'ARGUMENTS_KEY: /{_SPACE},{_SPACE}"(arguments|parameters)"{_SPACE}:{_SPACE}/',
-             f"OBJECT_END: /{_SPACE}\\}}/", f"JSON_TAIL: /{_SPACE}\\]?{_SPACE}(```)?{_SPACE}/"]  # fmt: skip
-    for i, tool in enumerate(tools):
-        name = re.escape(tool.function.name)
-        lines += [
-            f"json_{i}: text_then_json_{i} ARGUMENTS_KEY json_arguments_{i} OBJECT_END",
-            f'text_then_json_{i}[lazy]: /(.|\\n)*\\{{{_SPACE}"name"{_SPACE}:{_SPACE}"{name}"/',
-            f"json_arguments_{i}: %json {json.dumps({'x-guidance': _JSON_STYLE, **_arguments_schema(tool)})}",
-        ]
-    return lines
-
-
-def _lazy_start(most: int | None, call_per_group: bool, last: str = "lazy_group") -> str:
-    """Free text with calls opened anywhere in it: any number of groups and text after them (``most``
-    None), or at most ``most`` calls, the reply ending with the ``last`` call it may make (after it, the
-    opener would start a call the grammar cannot hold). A list format's calls are one group then."""
+def _lazy_start(most: int | None, call_per_group: bool, last: str = "lazy_group", free: str = "TEXT") -> str:
+    """Free text with calls opened anywhere in it: any number of groups and ``free`` text after them
+    (``most`` None), or at most ``most`` calls, the reply ending with the ``last`` call it may make (after
+    it, the opener would start a call the grammar cannot hold). A list format's calls are one group then."""
     if most is None:
-        return "start: lazy_group* TEXT"
+        return f"start: lazy_group* {free}"
     if most == 1 or not call_per_group:
-        return f"start: TEXT | {last}"
-    return f"start: lazy_group{{0,{most - 1}}} (TEXT | {last})"
+        return f"start: {free} | {last}"
+    return f"start: lazy_group{{0,{most - 1}}} ({free} | {last})"
 
 
 def _repeated(item: str, separator: str, most: int | None) -> str:

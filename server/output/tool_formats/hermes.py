@@ -40,6 +40,7 @@ from server.output.tool_formats.json_calls import (
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 _TAG = re.compile(re.escape(OPEN))
 _ANY_OPENING = re.compile(f"{re.escape(OPEN)}|{FENCE}|[{{\\[]")
+_CODE_END = re.compile(f"{FENCE}|{re.escape(OPEN)}")  # a code block ends at its fence; a tag is a call anywhere
 
 
 class _CallScan:
@@ -74,7 +75,7 @@ def fence_body(text: str) -> int | None:
         pos += 1
     if pos == len(text):
         return None
-    if text[len(FENCE) : pos].lower() not in FENCE_LANGUAGES or text[pos] not in WHITESPACE + "{[":
+    if text[len(FENCE) : pos] not in FENCE_LANGUAGES or text[pos] not in WHITESPACE + "{[":
         return -1
     while pos < len(text) and text[pos] in WHITESPACE:
         pos += 1
@@ -102,6 +103,8 @@ class HermesStream(ModeStream):
         self._body = 0  # where a fenced block's JSON begins in _pending
         self._after_call = False  # the whitespace between calls is the format's, not content
         self._previous = ""  # the last character a skipped block released (a blank line ends it)
+        self._last = ""  # the last character released (a backtick before a brace makes it inline code)
+        self._in_code = False  # a tag opened inside a code block: the block goes on after it
 
     # ---- prose ----------------------------------------------------------------------------------------------
     def _text(self) -> tuple[str, list[ToolCall]] | None:
@@ -117,8 +120,12 @@ class HermesStream(ModeStream):
         content = self._release(found.start())
         if found.group() == OPEN:
             self._pending, self._scan, self._mode = self._pending[len(OPEN) :], _CallScan(), "tag"
+        elif found.group() == FENCE:
+            self._mode = "fence"
+        elif self._last == "`":  # `{...}`: inline code, never a call
+            self._mode, self._block, self._previous = "skip", Brackets(), ""
         else:
-            self._mode = "fence" if found.group() == FENCE else "bare"
+            self._mode = "bare"
         return content, []
 
     def _markers(self) -> tuple[str, ...]:
@@ -127,6 +134,7 @@ class HermesStream(ModeStream):
     def _release(self, end: int) -> str:
         """The pending text up to ``end``, now content."""
         content, self._pending = self._pending[:end], self._pending[end:]
+        self._last = content[-1:] or self._last
         return content
 
     # ---- <tool_call> tags -----------------------------------------------------------------------------------
@@ -136,11 +144,12 @@ class HermesStream(ModeStream):
         if end < 0:
             return None
         body, self._pending = self._pending[:end], self._pending[end + len(CLOSE) :]
-        self._scan, self._mode = None, "text"
+        self._scan, self._mode = None, "code" if self._in_code else "text"
         calls = self._tagged_calls(body)
         if calls is None:
+            self._last = ">"
             return OPEN + body + CLOSE, []  # not a call after all: the model's own text
-        self._after_call = True
+        self._after_call = self._mode == "text"  # inside a code block, what follows is the block's
         return "", calls
 
     def _tagged_calls(self, body: str) -> list[ToolCall] | None:
@@ -183,12 +192,16 @@ class HermesStream(ModeStream):
         return None
 
     def _code(self) -> tuple[str, list[ToolCall]] | None:
-        end = self._pending.find(FENCE)
-        if end >= 0:
-            self._mode = "text"
-            return self._release(end + len(FENCE)), []
-        content = self._release(len(self._pending) - partial_marker(self._pending, (FENCE,)))
-        return (content, []) if content else None
+        found = _CODE_END.search(self._pending)
+        if found is None:
+            content = self._release(len(self._pending) - partial_marker(self._pending, (FENCE, OPEN)))
+            return (content, []) if content else None
+        if found.group() == FENCE:
+            self._mode, self._in_code = "text", False
+            return self._release(found.end()), []
+        content = self._release(found.start())
+        self._pending, self._scan, self._mode, self._in_code = self._pending[len(OPEN) :], _CallScan(), "tag", True
+        return content, []
 
     # ---- bare objects and arrays ----------------------------------------------------------------------------
     def _bare(self) -> tuple[str, list[ToolCall]] | None:
@@ -240,10 +253,10 @@ class HermesStream(ModeStream):
         """A fenced block or bare value whose head was a call's ends at ``end``: calls when all of it is."""
         assert self.names is not None
         calls = json_calls(block, self.names)
-        text, self._pending, self._mode = self._pending[:end], self._pending[end:], "text"
+        self._mode = "text"
         if calls is None:
-            return text, []
-        self._after_call = True
+            return self._release(end), []
+        self._pending, self._after_call = self._pending[end:], True
         return "", calls
 
     # ---- the end --------------------------------------------------------------------------------------------

@@ -19,7 +19,7 @@ from server.output.exact_json import loads
 from server.output.tool_formats.calls import Brackets, ToolCall, named_call
 
 FENCE = "```"
-FENCE_LANGUAGES = frozenset({"", "json", "tool_call", "tool_calls"})  # a fence whose block may hold calls
+FENCE_LANGUAGES = frozenset({"", "json", "JSON", "tool_call", "tool_calls"})  # a fence whose block may hold calls
 ARGUMENT_KEYS = ("arguments", "parameters")
 WHITESPACE = " \t\n\r"
 HEAD_LIMIT = 256  # characters a head may take (whitespace included) before an undecided text is no call
@@ -122,4 +122,4 @@ def unfenced(text: str) -> str:
         return text
     inner = stripped[len(FENCE) : -len(FENCE)]
     language, _, body = inner.partition("\n")
-    return body if language.strip().lower() in FENCE_LANGUAGES else text
+    return body if language.strip() in FENCE_LANGUAGES else text
