@@ -10,7 +10,6 @@ spinning between parallel regions and puts its threads to sleep. Measured on thi
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 from dataclasses import dataclass
@@ -39,6 +38,7 @@ from decoding.model.packed_linear import pack_linears
 from decoding.params.model_checks import ModelFacts
 from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
+from decoding.text.tokenizer_copy import thread_copy
 
 logger = logging.getLogger(__name__)
 
@@ -101,7 +101,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         default_assistant=config.default_assistant,
         templates=ChatTemplates.for_model(getattr(loaded.tokenizer, "chat_template", None),
                                           _read(config.chat_template), _read(config.tool_chat_template)),  # fmt: skip
-        compiler=GrammarCompiler(copy.deepcopy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
+        compiler=GrammarCompiler(thread_copy(loaded.tokenizer), worker.engine.ctx.vocab_size, loaded.eos_token_ids),
         observer=observer,
         max_loaded_loras=config.max_loaded_loras,
     )
@@ -153,7 +153,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
     engine = Engine(
         model,
-        copy.deepcopy(loaded.tokenizer),
+        thread_copy(loaded.tokenizer),
         loaded.eos_token_ids,
         limits,
         lambda _: None,
@@ -162,7 +162,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         assistants={
             name: assistant.model
             if assistant.tokenizer.get_vocab() == loaded.tokenizer.get_vocab()
-            else (assistant.model, copy.deepcopy(assistant.tokenizer), set(assistant.eos_token_ids))
+            else (assistant.model, thread_copy(assistant.tokenizer), set(assistant.eos_token_ids))
             for name, assistant in assistants.items()
         },
         custom_methods=custom_methods,
