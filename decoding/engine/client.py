@@ -27,6 +27,7 @@ from decoding.params import GenerationParams, ParameterError, Strategy
 from decoding.params.model_checks import ModelFacts
 from decoding.structured.compiler import CompiledGrammar, GrammarCompiler
 from decoding.telemetry import EngineObserver
+from decoding.text.template_mends import mend_chat_template
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -52,8 +53,11 @@ class ChatTemplates:
             return cls(override)
         if model_template is None:
             return cls(None)
+        mended, reasons = mend_chat_template(model_template)
+        for why in reasons:
+            logger.info("chat template: mended the model's own (%s)", why)
         renders_tools = "tools" in model_template
-        return cls(MODEL_TEMPLATE, None if renders_tools else tool_template)
+        return cls(mended if reasons else MODEL_TEMPLATE, None if renders_tools else tool_template)
 
 
 def _log_tokenizer_failure(built: Future) -> None:
