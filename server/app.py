@@ -24,6 +24,7 @@ from decoding.params.watermarking import WatermarkingConfig
 from server.api import APIS
 from server.api.openapi import install_openapi
 from server.api.responses.stores import close_store
+from server.config.caller_weights import key_name
 from server.config.settings import Settings
 from server.http.access_log import AccessLog
 from server.http.auth import Identify, KeyRing, ProtectPaths, protected_paths
@@ -32,6 +33,7 @@ from server.http.errors import install_error_handlers
 from server.http.limits import RequestLimits
 from server.http.metrics import Metrics
 from server.http.metrics_vllm import VllmCompat
+from server.http.request_latency import CallerLabels, RequestLatency
 from server.output.streaming import close_remaining_streams, drain_streams_on_shutdown
 from server.output.tool_parser import resolve_parser
 from server.playground import playground_router
@@ -82,6 +84,7 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.state.keys = KeyRing.of(settings.api_keys(), settings.admin_api_keys())
     app.state.api_key_digests = app.state.keys.digests
     app.state.metrics = metrics
+    app.state.request_latency = RequestLatency(metrics.registry, CallerLabels(configured_callers(settings)))
     if settings.metrics_compat == "vllm":  # vLLM's series beside Decoda's, for routers that read them
         metrics.registry.register(VllmCompat(metrics, lambda: getattr(app.state.engine, "model_name", None)))
     app.state.engine = engine_client
@@ -109,6 +112,12 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
     app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app
+
+
+def configured_callers(settings: Settings) -> list[str]:
+    """The callers the per-caller latency labels by name (``server.http.request_latency``): the weighted
+    ones (``--caller-weights``, the keys file's ``weight=``), then every API key, by the scheduler's names."""
+    return [*settings.caller_weights_table(), *(key_name(key) for key in settings.api_keys())]
 
 
 def start_drain(app: FastAPI) -> asyncio.Task | None:

@@ -211,8 +211,19 @@ def test_dashboard_panels_each_have_a_datasource_and_a_query():
             assert target["expr"].strip() and target["datasource"]["uid"] in uids, panel["title"]
     titles = " | ".join(p["title"] for p in panels).lower()
     for wanted in ["time to first token", "inter-token", "tokens/s", "running and waiting", "kv cache",
-                   "speculative acceptance", "errors"]:  # fmt: skip
+                   "speculative acceptance", "errors", "by priority", "by caller"]:  # fmt: skip
         assert wanted in titles, wanted
+
+
+def test_the_priority_and_caller_panels_show_each_level_and_caller_apart():
+    """Per-priority and per-caller latency: quantiles kept apart by the label (never summed over it)."""
+    for label in ("priority", "caller"):
+        panels = [p for p in dashboard_panels() if p["title"].lower().endswith(f"by {label}")]
+        assert {p["title"].split(" by ")[0] for p in panels} == {"Time to first token", "End-to-end latency"}
+        for panel in panels:
+            for target in panel["targets"]:
+                assert f"sum by (le, {label})" in target["expr"] and f"_by_{label}_seconds_bucket" in target["expr"]
+                assert f"{{{{{label}}}}}" in target["legendFormat"]
 
 
 def dashboard_metric_names() -> set[str]:
@@ -260,7 +271,9 @@ def test_every_series_the_dashboard_queries_is_exposed_by_the_server():
     exposition = asyncio.run(scrape())
     samples = {s.name for family in text_string_to_metric_families(exposition) for s in family.samples}
     wanted = dashboard_metric_names()
-    assert {"decoda_time_to_first_token_seconds_bucket", "decoda_generation_tokens_total"} <= wanted
+    assert {"decoda_time_to_first_token_seconds_bucket", "decoda_generation_tokens_total",
+            "decoda_time_to_first_token_by_priority_seconds_bucket",
+            "decoda_e2e_request_latency_by_caller_seconds_bucket"} <= wanted  # fmt: skip
     assert not wanted - samples, f"the dashboard queries series /metrics does not expose: {sorted(wanted - samples)}"
     # histogram series are queried by their _bucket/_sum/_count series, never by the bare family name
     families = {f.name for f in text_string_to_metric_families(exposition) if f.type == "histogram"}

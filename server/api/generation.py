@@ -112,13 +112,15 @@ async def admitted(
 
 
 async def submit(
-    client: EngineClient, request_id: str, prompts: list[list[int]], params: GenerationParams
+    request: Request, client: EngineClient, request_id: str, prompts: list[list[int]], params: GenerationParams
 ) -> list[AsyncIterator[RequestOutput]]:
-    """One engine request per prompt; if one is refused (queue full), the ones before it are aborted."""
+    """One engine request per prompt, each timed by priority and caller (``server.http.request_latency``);
+    if one is refused (queue full), the ones before it are aborted."""
+    latency = request.app.state.request_latency
     streams: list[AsyncIterator[RequestOutput]] = []
     try:
         for i, ids in enumerate(prompts):
-            streams.append(client.generate(f"{request_id}-{i}", ids, params))
+            streams.append(latency.timed(client.generate(f"{request_id}-{i}", ids, params), params))
     except Exception:
         for i in range(len(streams)):
             await client.abort(f"{request_id}-{i}")
@@ -146,7 +148,7 @@ async def respond(
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(len(prompts) * engine_rows(params), _widest_field(params, len(prompts)))
-    streams = await submit(client, fmt.request_id, prompts, params)
+    streams = await submit(request, client, fmt.request_id, prompts, params)
     if stream:
         return EventSourceResponse(sse_events(streams, fmt), ping=15)
     return JSONResponse(fmt.body(await until_disconnect(request, collect_all(streams))))

@@ -61,7 +61,7 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     hold = caller_hold(request.scope.get("state", {}))
     if hold is not None:  # the caller's limit counts the rows this request will run
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
-    streams = await submit(client, reply.message_id, [prompt_ids], params)
+    streams = await submit(request, client, reply.message_id, [prompt_ids], params)
     if body.stream:
         return EventSourceResponse(message_events(streams, reply), ping=15)
     return ExactJSONResponse(await until_disconnect(request, _whole(streams, reply)))  # 1e999 in an input, as written

@@ -167,9 +167,9 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
         hold.grow(engine_rows(params), "num_beams" if params.num_beams > 1 else "n")
     if body.background:  # its rows count against the caller until the run ends, not the request
         row = row_of({"id": builder.response_id})
-        streams = await submit(client, row.id, [prompt_ids], params)
+        streams = await submit(request, client, row.id, [prompt_ids], params)
         return await start_background(request, body, builder, row, streams, hold and hold.handed_over())
-    streams = await submit(client, builder.response_id, [prompt_ids], params)
+    streams = await submit(request, client, builder.response_id, [prompt_ids], params)
     if body.stream:
         return EventSourceResponse(response_events(streams, ResponseEvents(builder), kept), ping=15)
     (collected,) = await until_disconnect(request, collect_all(streams))
