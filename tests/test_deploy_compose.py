@@ -81,7 +81,9 @@ def test_compose_runs_three_drained_replicas_behind_nginx_with_prometheus_and_gr
         assert seconds(replica["stop_grace_period"]) >= 45
         assert "/ready" in " ".join(replica["healthcheck"]["test"])
     assert set(services["lb"]["depends_on"]) == set(REPLICAS)
-    assert bind_mounts(services["lb"]) == {"/etc/nginx/nginx.conf": "./deploy/nginx.conf"}
+    # nginx_session.js beside nginx.conf: js_import finds it relative to the config's folder
+    assert bind_mounts(services["lb"]) == {"/etc/nginx/nginx.conf": "./deploy/nginx.conf",
+                                           "/etc/nginx/nginx_session.js": "./deploy/nginx_session.js"}  # fmt: skip
     assert bind_mounts(services["prometheus"])["/etc/prometheus/prometheus.yml"] == "./deploy/prometheus.yml"
     grafana = bind_mounts(services["grafana"])
     assert grafana["/etc/grafana/provisioning"] == "./deploy/grafana/provisioning"
@@ -136,24 +138,49 @@ def test_nginx_balances_by_least_connections_and_streams_sse_unbuffered():
     upstream = re.search(r"upstream decoda \{(.*?)\}", conf, re.S).group(1)
     assert "least_conn;" in upstream and re.search(r"keepalive \d+;", upstream)
     assert re.findall(r"server (\S+)", upstream)[:3] == [f"{name}:8000" for name in REPLICAS]
-    location = re.search(r"location / \{(.*?)\}", conf, re.S).group(1)
+    server = re.search(r"server \{(.*)\}", conf, re.S).group(1)  # proxy settings every location inherits
+    location = re.search(r"location @balanced \{(.*?)\}", conf, re.S).group(1)
     assert "proxy_pass http://decoda;" in location
-    assert "proxy_http_version 1.1;" in location and 'proxy_set_header Connection "";' in location
-    assert "proxy_buffering off;" in location
-    read_timeout = re.search(r"proxy_read_timeout (\S+);", location).group(1)
+    assert "proxy_http_version 1.1;" in server and 'proxy_set_header Connection "";' in server
+    assert "proxy_buffering off;" in server
+    read_timeout = re.search(r"proxy_read_timeout (\S+);", server).group(1)
     assert seconds(read_timeout) >= 600
 
 
-@pytest.mark.skipif(shutil.which("nginx") is None, reason="nginx not installed (Debian package nginx)")
+def test_nginx_routes_a_session_to_one_replica_by_a_consistent_hash():
+    """Sticky routing: location / hands each request to nginx_session.js, which routes one with a session
+    key to an upstream hashing that key over the same replicas (tests/test_lb_sticky.py runs it)."""
+    conf = re.sub(r"#.*", "", NGINX.read_text())
+    assert re.search(r"^load_module \S*ngx_http_js_module\.so;", conf, re.M)
+    assert "js_import session from nginx_session.js;" in conf and "js_var $decoda_session;" in conf
+    assert re.search(r"location / \{\s*js_content session\.route;\s*\}", conf)
+    sticky = re.search(r"upstream decoda_sticky \{(.*?)\}", conf, re.S).group(1)
+    assert "hash $decoda_session consistent;" in sticky
+    balanced = re.search(r"upstream decoda \{(.*?)\}", conf, re.S).group(1)
+    assert re.findall(r"server (\S+)", sticky) == re.findall(r"server (\S+)", balanced)  # the same replicas
+    assert "proxy_pass http://decoda_sticky;" in re.search(r"location @sticky \{(.*?)\}", conf, re.S).group(1)
+    session_js = (ROOT / "deploy" / "nginx_session.js").read_text()
+    for name in ("X-Session-Id", "prompt_cache_key", "previous_response_id", "'@sticky'", "'@balanced'"):
+        assert name in session_js, name
+    # the body stays in memory up to the largest body nginx accepts, where the script reads it
+    assert re.search(r"client_body_buffer_size (\S+);", conf).group(1) == re.search(
+        r"client_max_body_size (\S+);", conf).group(1)  # fmt: skip
+
+
+@pytest.mark.skipif(
+    shutil.which("nginx") is None or not Path("/usr/lib/nginx/modules/ngx_http_js_module.so").exists(),
+    reason="nginx or njs not installed (Debian packages nginx, libnginx-mod-http-js)",
+)
 def test_nginx_config_test_passes(tmp_path: Path):
     # `nginx -t` resolves upstream host names, and the compose service names resolve only inside the
     # compose network: test the same file with the replicas pointed at 127.0.0.1
     conf = tmp_path / "nginx.conf"
     conf.write_text(re.sub(r"\bdecoda-\d+:8000\b", "127.0.0.1:8000", NGINX.read_text()))
+    shutil.copy(ROOT / "deploy" / "nginx_session.js", tmp_path)  # beside the config, as compose mounts it
     # -g pid: the default /run/nginx.pid is root's; -e: the startup error log before the config's
     argv = ["nginx", "-t", "-p", str(tmp_path), "-c", str(conf), "-e", "stderr", "-g", f"pid {tmp_path}/nginx.pid;"]
     result = subprocess.run(argv, capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stderr
+    assert result.returncode == 0, result.stderr  # needs njs: Debian's libnginx-mod-http-js (.ci/run installs it)
     assert "test is successful" in result.stderr
 
 

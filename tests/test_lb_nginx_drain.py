@@ -32,14 +32,20 @@ pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
 MAX_TOKENS = 48
 json_logs = ["--log-format", "json"]
-NGINX = shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+# deploy/nginx.conf loads njs for sticky routing (Debian's libnginx-mod-http-js): without it, as without nginx
+NJS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
+NGINX = (shutil.which("nginx") or next((p for p in ("/usr/sbin/nginx",) if Path(p).exists()), None)
+         if NJS_MODULE.exists() else None)  # fmt: skip
 
 
 def nginx_conf(tmp: Path, listen: int, replicas: list[int]) -> Path:
-    """deploy/nginx.conf with the compose hostnames replaced by the loopback replicas."""
+    """deploy/nginx.conf with the compose hostnames replaced by the loopback replicas (in both upstreams), and
+    its session script read from deploy/."""
     text = (ROOT / "deploy" / "nginx.conf").read_text()
     servers = "\n".join(f"    server 127.0.0.1:{port} max_fails=1 fail_timeout=5s;" for port in replicas)
-    text = re.sub(r"(\s*server decoda-\d:8000[^;]*;)+", "\n" + servers, text, count=1)
+    text = re.sub(r"(\s*server decoda-\d:8000[^;]*;)+", lambda _: "\n" + servers, text)  # both upstreams
+    text = text.replace("js_import session from nginx_session.js;",
+                        f"js_import session from {ROOT / 'deploy' / 'nginx_session.js'};")  # fmt: skip
     text = text.replace("listen 8000;", f"listen 127.0.0.1:{listen};")
     text = text.replace("error_log /dev/stderr warn;", f"error_log {tmp}/error.log warn;\npid {tmp}/nginx.pid;")
     text = text.replace("access_log /dev/stdout decoda;", f"access_log {tmp}/access.log decoda;")
@@ -57,9 +63,7 @@ def finished_requests(base: str) -> int:
 
 
 async def drive(url: str, stream: bool, count: int, concurrency: int) -> list[RequestResult]:
-    args = argparse.Namespace(
-        stream=stream, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, ban_tokens=[]
-    )
+    args = argparse.Namespace(stream=stream, max_tokens=MAX_TOKENS, temperature=0.0, ignore_eos=True, ban_tokens=[])
     client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=300)
     results: list[RequestResult] = []
     queue = iter(range(count))

@@ -42,7 +42,7 @@ from server.api.responses.background import (
 )
 from server.api.responses.events import ResponseEvents, response_events
 from server.api.responses.format import ResponseBuilder
-from server.api.responses.items import new_id
+from server.api.responses.ids import response_id
 from server.api.responses.protocol import ResponsesRequest
 from server.api.responses.replay import public
 from server.api.responses.store import MAX_TURNS, UNFINISHED, ResponseStore, StoredResponse, page, too_long
@@ -149,8 +149,10 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []
     parser = partial(PARSERS[request.app.state.settings.tool_call_parser], offered) if offered else None
-    builder = ResponseBuilder(new_id("resp"), model, body.echo(), logprobs=params.logprobs is not None,
-                              tool_parser=parser, reasoning=reasoning_of(request))  # fmt: skip
+    # a continuation keeps its conversation's routing tag in its id (ids.py): one replica per conversation
+    builder = ResponseBuilder(response_id(body.previous_response_id), model, body.echo(),
+                              logprobs=params.logprobs is not None, tool_parser=parser,
+                              reasoning=reasoning_of(request))  # fmt: skip
 
     def row_of(response: dict[str, Any]) -> StoredResponse:
         return StoredResponse(response["id"], owner_of(request), response, input_items, body.previous_response_id,
