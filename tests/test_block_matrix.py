@@ -55,7 +55,9 @@ def rounded_activations(x: torch.Tensor) -> torch.Tensor:
     float32, round half to even), in float64."""
     blocks = x.float().reshape(x.shape[0], -1, 32)
     top = blocks.abs().amax(-1, keepdim=True)
-    inverse = torch.where(top > 0, 127 / top, torch.zeros_like(top))
+    # a float32 division, as the kernels divide: ``127 / top`` (a scalar over a tensor) multiplies by the
+    # reciprocal, 1 ulp away at times, which moves a code that lands near a half the other way
+    inverse = torch.where(top > 0, torch.full_like(top, 127.0) / top, torch.zeros_like(top))
     return (torch.round(blocks * inverse).double() * (top / 127).double()).reshape(x.shape)
 
 

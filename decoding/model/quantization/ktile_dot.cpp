@@ -282,12 +282,21 @@ Tensor rows_of(const Tensor& codes, const Tensor& meta, const Tensor& ids, int64
 
 /* One call's activations: int8 codes in column order, a scale per 32 columns, Q4_K's rounded block
    sums (dx * sum of codes) and Q6_K's 32 * sum of codes per 16 columns. */
+/* Laid out per group of ROW_TILE rows (the last padded with zeros) so that a tile's every read of a
+   group is one pointer plus a constant: codes [groups, blocks, 8 slots, 4 rows, 4 bytes], slot 2t holding
+   columns 4t..4t+3 of the block and slot 2t + 1 columns 16 + 4t.., as the weights' code vectors; the
+   rest [groups, blocks, 4 rows] (zeros: [groups, blocks, 2 halves, 4 rows]). */
 struct Activations {
-    int64_t rows = 0, k = 0, blocks = 0;
-    std::vector<int8_t> codes;   // [rows, k]
-    std::vector<float> scale;    // [rows, blocks]
-    std::vector<float> sums;     // [rows, blocks]: dx * sum of the block's codes
-    std::vector<int32_t> zeros;  // [rows, 2 * blocks]: 32 * sum of each 16 columns' codes
+    int64_t rows = 0, k = 0, blocks = 0, groups = 0;
+    std::vector<int8_t> codes;
+    std::vector<float> scale;    // dx
+    std::vector<float> sums;     // dx * sum of the block's codes
+    std::vector<int32_t> zeros;  // 32 * sum of each 16 columns' codes
+
+    Activations(int64_t rows_, int64_t k_)
+        : rows(rows_), k(k_), blocks(k_ / BLOCK), groups((rows_ + ROW_TILE - 1) / ROW_TILE),
+          codes(groups * blocks * 128, 0), scale(groups * blocks * ROW_TILE, 0.0f), sums(groups * blocks * ROW_TILE, 0.0f),
+          zeros(groups * blocks * 2 * ROW_TILE, 0) {}
 };
 
 #if defined(KTILE_AVX2)
@@ -339,12 +348,18 @@ void quantize_rows(const T* x, Activations& a) {
                     values = widened;
                 }
                 int32_t low = 0, high = 0;
+                const int64_t at = (r / ROW_TILE) * a.blocks + b, lane = r % ROW_TILE;
 #if defined(KTILE_AVX2)
-                quantize_block(values, a.codes.data() + r * a.k + b * BLOCK, a.scale[r * a.blocks + b],
-                               a.sums[r * a.blocks + b], low, high);
+                alignas(32) int8_t codes[BLOCK];
+                quantize_block(values, codes, a.scale[at * ROW_TILE + lane], a.sums[at * ROW_TILE + lane], low, high);
+                int8_t* slots = a.codes.data() + at * 128 + 4 * lane;
+                for (int t = 0; t < 4; t++) {
+                    std::memcpy(slots + 16 * (2 * t), codes + 4 * t, 4);
+                    std::memcpy(slots + 16 * (2 * t + 1), codes + 16 + 4 * t, 4);
+                }
 #endif
-                a.zeros[r * 2 * a.blocks + 2 * b] = 32 * low;
-                a.zeros[r * 2 * a.blocks + 2 * b + 1] = 32 * high;
+                a.zeros[at * 2 * ROW_TILE + lane] = 32 * low;
+                a.zeros[at * 2 * ROW_TILE + ROW_TILE + lane] = 32 * high;
             }
     });
 }
@@ -356,32 +371,27 @@ inline __m256i broadcast4(const int8_t* p) {
     return _mm256_set1_epi32(v);
 }
 
-/* sum over n of (w[n] . x[n]) per 32-bit lane, as int32. AVX2: byte products summed in pairs
-   (vpmaddubsw) then in int16 until PAIRS of them, then widened; PAIRS keeps the int16 sums exact:
-   4-bit codes x |127| pair to at most 3810 (8 fit), 6-bit ones to 16002 (2 fit). */
-template <int N, int PAIRS>
-inline __m256i dot_lanes(const __m256i* w, const __m256i* x) {
+/* Integer dot products of 4 unsigned weight bytes and 4 signed activation bytes per 32-bit lane. With
+   VNNI, vpdpbusd adds them straight into int32 lanes. AVX2's vpmaddubsw sums pairs of byte products into
+   int16 lanes; those are added in int16 while exact (4-bit codes x |127| pair to at most 3,810, so a
+   32-column block's 8 products fit; 6-bit ones to 16,002, so 2 fit), then widened (vpmaddwd by ones). */
 #if defined(KTILE_VNNI)
-    __m256i acc = _mm256_setzero_si256();
-    for (int n = 0; n < N; n++)
+using Partial = __m256i;  // int32 lanes
+inline __m256i pair_dot(__m256i acc, __m256i w, __m256i x) {
 #if KTILE_VNNI == 1
-        acc = _mm256_dpbusd_epi32(acc, w[n], x[n]);
+    return _mm256_dpbusd_epi32(acc, w, x);
 #else
-        acc = _mm256_dpbusd_avx_epi32(acc, w[n], x[n]);
-#endif
-    return acc;
-#else
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256i total = _mm256_setzero_si256();
-    for (int start = 0; start < N; start += PAIRS) {
-        __m256i words = _mm256_maddubs_epi16(w[start], x[start]);
-        for (int n = start + 1; n < start + PAIRS && n < N; n++)
-            words = _mm256_add_epi16(words, _mm256_maddubs_epi16(w[n], x[n]));
-        total = _mm256_add_epi32(total, _mm256_madd_epi16(words, ones));
-    }
-    return total;
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
 #endif
 }
+inline __m256i widen(__m256i partial) { return partial; }
+#else
+using Partial = __m256i;  // int16 lanes
+inline __m256i pair_dot(__m256i acc, __m256i w, __m256i x) {
+    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
+}
+inline __m256i widen(__m256i partial) { return _mm256_madd_epi16(partial, _mm256_set1_epi16(1)); }
+#endif
 
 inline __m256 widen_u8(const uint8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p))));
@@ -396,17 +406,22 @@ inline __m256 halves(const uint8_t* p) {
 }
 
 /* One tile (8 weight rows, all super-blocks) against R activation rows r0..: acc[r] lane l = output
-   (row r0 + r, weight row l). */
+   (row r0 + r, weight row l). Per 32-column block, each 32-byte code vector is unpacked once and meets
+   the R rows' broadcast activations; the R rows' integer sums stay in registers until the block's
+   float step. */
 template <int KIND, int R, bool PREFETCH>
-inline void tile_dot(const uint8_t* codes, const uint8_t* meta, int64_t supers, const Activations& a, int64_t r0,
-                     __m256* acc) {
+inline void tile_dot(const uint8_t* codes, const uint8_t* meta, int64_t supers, const Activations& a, int64_t group,
+                     __m256* out) {
+    __m256 acc[R];  // local: the results would otherwise be stored at every step (bytes alias everything)
     const __m256i nibble = _mm256_set1_epi8(0x0F);
+    const int8_t* x = a.codes.data() + group * a.blocks * 128;  // [blocks, 8 slots, 4 rows, 4 bytes]
+    const float* dx = a.scale.data() + group * a.blocks * ROW_TILE;
+    const float* sx = a.sums.data() + group * a.blocks * ROW_TILE;
+    const int32_t* zeros = a.zeros.data() + group * a.blocks * 2 * ROW_TILE;
     for (int r = 0; r < R; r++) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < supers; sb++) {
         const uint8_t* c = codes + sb * (KIND == Q4K ? 1024 : 1536);
         const uint8_t* me = meta + sb * (KIND == Q4K ? 160 : 144);
-        const __m256 d = halves(me);
-        const __m256 dmin = KIND == Q4K ? halves(me + 16) : _mm256_setzero_ps();
         for (int b = 0; b < 8; b++) {
             if (PREFETCH) {  // the first row group streams the weights: ask for the bytes ahead
                 const char* ahead = reinterpret_cast<const char*>(c) + PREFETCH_BYTES;
@@ -414,60 +429,71 @@ inline void tile_dot(const uint8_t* codes, const uint8_t* meta, int64_t supers, 
                 _mm_prefetch(ahead + 128 * b + 64, _MM_HINT_T0);
                 if constexpr (KIND == Q6K) _mm_prefetch(ahead + 1024 + 64 * b, _MM_HINT_T0);
             }
-            __m256i w[8];  // vector 2t: columns 4t.. (low nibbles); 2t + 1: columns 16 + 4t.. (high)
-            for (int t = 0; t < 4; t++) {
-                const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 128 * b + 32 * t));
-                w[2 * t] = _mm256_and_si256(packed, nibble);
-                w[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
-            }
-            const int64_t block = sb * 8 + b;
+            const uint8_t* cb = c + 128 * b;
+            const int8_t* xb = x + (sb * 8 + b) * 128;
+            const float* dxb = dx + (sb * 8 + b) * ROW_TILE;
+            const __m256 d = halves(me);
             if constexpr (KIND == Q4K) {
-                const __m256 dsc = _mm256_mul_ps(d, widen_u8(me + 32 + 8 * b));
-                const __m256 dm = _mm256_mul_ps(dmin, widen_u8(me + 96 + 8 * b));
-                for (int r = 0; r < R; r++) {
-                    const int8_t* x = a.codes.data() + (r0 + r) * a.k + block * BLOCK;
-                    __m256i xs[8];
-                    for (int t = 0; t < 4; t++) {
-                        xs[2 * t] = broadcast4(x + 4 * t);
-                        xs[2 * t + 1] = broadcast4(x + 16 + 4 * t);
+                Partial sum[R];
+                for (int r = 0; r < R; r++) sum[r] = _mm256_setzero_si256();
+                for (int t = 0; t < 4; t++) {  // columns 4t.. in the low nibbles (slot 2t), 16 + 4t.. in the high
+                    const __m256i packed = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 32 * t));
+                    const __m256i low = _mm256_and_si256(packed, nibble);
+                    const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), nibble);
+                    for (int r = 0; r < R; r++) {
+                        sum[r] = pair_dot(sum[r], low, broadcast4(xb + 32 * t + 4 * r));
+                        sum[r] = pair_dot(sum[r], high, broadcast4(xb + 32 * t + 16 + 4 * r));
                     }
-                    const __m256i dot = dot_lanes<8, 8>(w, xs);
-                    const int64_t at = (r0 + r) * a.blocks + block;
-                    const __m256 coefficient = _mm256_mul_ps(dsc, _mm256_set1_ps(a.scale[at]));
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), coefficient, acc[r]);
-                    acc[r] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(a.sums[at]), acc[r]);
+                }
+                const __m256 dsc = _mm256_mul_ps(d, widen_u8(me + 32 + 8 * b));
+                const __m256 dm = _mm256_mul_ps(halves(me + 16), widen_u8(me + 96 + 8 * b));
+                const float* sxb = sx + (sb * 8 + b) * ROW_TILE;
+                for (int r = 0; r < R; r++) {
+                    const __m256 coefficient = _mm256_mul_ps(dsc, _mm256_set1_ps(dxb[r]));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(widen(sum[r])), coefficient, acc[r]);
+                    acc[r] = _mm256_fnmadd_ps(dm, _mm256_set1_ps(sxb[r]), acc[r]);
                 }
             } else {
-                for (int h = 0; h < 2; h++) {  // the high two bits of vectors 4h .. 4h + 3
+                __m256i low_sum[R], high_sum[R];  // int32: columns 0..15 and 16..31 of the block
+                for (int r = 0; r < R; r++) low_sum[r] = high_sum[r] = _mm256_setzero_si256();
+                const __m256i bits = _mm256_set1_epi8(0x30);
+                for (int h = 0; h < 2; h++) {  // t = 2h, 2h + 1: their four vectors' high bits in plane h
                     const __m256i planes =
                         _mm256_loadu_si256(reinterpret_cast<const __m256i*>(c + 1024 + 64 * b + 32 * h));
-                    const __m256i bits = _mm256_set1_epi8(0x30);
-                    w[4 * h] = _mm256_or_si256(w[4 * h], _mm256_and_si256(_mm256_slli_epi16(planes, 4), bits));
-                    w[4 * h + 1] = _mm256_or_si256(w[4 * h + 1], _mm256_and_si256(_mm256_slli_epi16(planes, 2), bits));
-                    w[4 * h + 2] = _mm256_or_si256(w[4 * h + 2], _mm256_and_si256(planes, bits));
-                    w[4 * h + 3] = _mm256_or_si256(w[4 * h + 3], _mm256_and_si256(_mm256_srli_epi16(planes, 2), bits));
-                }
-                const __m256i low_w[4] = {w[0], w[2], w[4], w[6]}, high_w[4] = {w[1], w[3], w[5], w[7]};
-                const __m256 dsc_low = _mm256_mul_ps(d, widen_i8(me + 16 + 8 * (2 * b)));
-                const __m256 dsc_high = _mm256_mul_ps(d, widen_i8(me + 16 + 8 * (2 * b + 1)));
-                for (int r = 0; r < R; r++) {
-                    const int8_t* x = a.codes.data() + (r0 + r) * a.k + block * BLOCK;
-                    __m256i xl[4], xh[4];
-                    for (int t = 0; t < 4; t++) {
-                        xl[t] = broadcast4(x + 4 * t);
-                        xh[t] = broadcast4(x + 16 + 4 * t);
+                    const __m256i p0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 64 * h));
+                    const __m256i p1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(cb + 64 * h + 32));
+                    const __m256i low0 = _mm256_or_si256(_mm256_and_si256(p0, nibble),
+                                                         _mm256_and_si256(_mm256_slli_epi16(planes, 4), bits));
+                    const __m256i high0 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p0, 4), nibble),
+                                                          _mm256_and_si256(_mm256_slli_epi16(planes, 2), bits));
+                    const __m256i low1 = _mm256_or_si256(_mm256_and_si256(p1, nibble), _mm256_and_si256(planes, bits));
+                    const __m256i high1 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(p1, 4), nibble),
+                                                          _mm256_and_si256(_mm256_srli_epi16(planes, 2), bits));
+                    const int8_t* xs = xb + 64 * h;  // slots 4h .. 4h + 3
+                    for (int r = 0; r < R; r++) {
+                        Partial lo = _mm256_setzero_si256(), hi = _mm256_setzero_si256();
+                        lo = pair_dot(lo, low0, broadcast4(xs + 4 * r));
+                        lo = pair_dot(lo, low1, broadcast4(xs + 32 + 4 * r));
+                        hi = pair_dot(hi, high0, broadcast4(xs + 16 + 4 * r));
+                        hi = pair_dot(hi, high1, broadcast4(xs + 48 + 4 * r));
+                        low_sum[r] = _mm256_add_epi32(low_sum[r], widen(lo));
+                        high_sum[r] = _mm256_add_epi32(high_sum[r], widen(hi));
                     }
-                    const int64_t at = (r0 + r) * a.blocks + block;
-                    const int32_t* zeros = a.zeros.data() + 2 * at;
-                    const __m256i low = _mm256_sub_epi32(dot_lanes<4, 2>(low_w, xl), _mm256_set1_epi32(zeros[0]));
-                    const __m256i high = _mm256_sub_epi32(dot_lanes<4, 2>(high_w, xh), _mm256_set1_epi32(zeros[1]));
-                    const __m256 dx = _mm256_set1_ps(a.scale[at]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(dsc_low, dx), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(dsc_high, dx), acc[r]);
+                }
+                const __m256 dsc_low = _mm256_mul_ps(d, widen_i8(me + 16 + 16 * b));
+                const __m256 dsc_high = _mm256_mul_ps(d, widen_i8(me + 24 + 16 * b));
+                const int32_t* zb = zeros + (sb * 8 + b) * 2 * ROW_TILE;
+                for (int r = 0; r < R; r++) {
+                    const __m256i low = _mm256_sub_epi32(low_sum[r], _mm256_set1_epi32(zb[r]));
+                    const __m256i high = _mm256_sub_epi32(high_sum[r], _mm256_set1_epi32(zb[ROW_TILE + r]));
+                    const __m256 scale = _mm256_set1_ps(dxb[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(low), _mm256_mul_ps(dsc_low, scale), acc[r]);
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(high), _mm256_mul_ps(dsc_high, scale), acc[r]);
                 }
             }
         }
     }
+    for (int r = 0; r < R; r++) out[r] = acc[r];
 }
 
 template <typename T>
@@ -501,14 +527,14 @@ void multiply(const Activations& a, const uint8_t* codes, const uint8_t* meta, i
                     const int64_t count = std::min(ROW_TILE, chunk_end - r0);
                     const bool first = r0 == chunk;  // streams this tile's weights from memory
                     switch (count + (first ? 0 : 4)) {
-                        case 1: tile_dot<KIND, 1, true>(c, m, supers, a, r0, acc); break;
-                        case 2: tile_dot<KIND, 2, true>(c, m, supers, a, r0, acc); break;
-                        case 3: tile_dot<KIND, 3, true>(c, m, supers, a, r0, acc); break;
-                        case 4: tile_dot<KIND, 4, true>(c, m, supers, a, r0, acc); break;
-                        case 5: tile_dot<KIND, 1, false>(c, m, supers, a, r0, acc); break;
-                        case 6: tile_dot<KIND, 2, false>(c, m, supers, a, r0, acc); break;
-                        case 7: tile_dot<KIND, 3, false>(c, m, supers, a, r0, acc); break;
-                        default: tile_dot<KIND, 4, false>(c, m, supers, a, r0, acc); break;
+                        case 1: tile_dot<KIND, 1, true>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 2: tile_dot<KIND, 2, true>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 3: tile_dot<KIND, 3, true>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 4: tile_dot<KIND, 4, true>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 5: tile_dot<KIND, 1, false>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 6: tile_dot<KIND, 2, false>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        case 7: tile_dot<KIND, 3, false>(c, m, supers, a, r0 / ROW_TILE, acc); break;
+                        default: tile_dot<KIND, 4, false>(c, m, supers, a, r0 / ROW_TILE, acc); break;
                     }
                     for (int64_t r = 0; r < count; r++)
                         store_lanes(acc[r], out + (r0 + r) * n_rows + tile * LANES, lanes);
@@ -535,14 +561,7 @@ Tensor ktile_linear(const Tensor& x, const Tensor& codes, const Tensor& meta, in
     Tensor out = empty_rows(x, x.size(0), n_rows, dtype_of(x));
     if (x.size(0) == 0 || n_rows == 0) return out;
 #if defined(KTILE_AVX2)
-    Activations a;
-    a.rows = x.size(0);
-    a.k = x.size(1);
-    a.blocks = a.k / BLOCK;
-    a.codes.resize(a.rows * a.k);
-    a.scale.resize(a.rows * a.blocks);
-    a.sums.resize(a.rows * a.blocks);
-    a.zeros.resize(a.rows * 2 * a.blocks);
+    Activations a(x.size(0), x.size(1));
     const uint8_t* c = static_cast<const uint8_t*>(codes.data_ptr());
     const uint8_t* m = static_cast<const uint8_t*>(meta.data_ptr());
     if (x.scalar_type() == ScalarType::BFloat16) {
