@@ -66,7 +66,7 @@ constexpr int64_t ROW_TILE = 4;     // activation rows sharing one unpacked weig
 constexpr int64_t ROW_CHUNK = 64;   // activation rows kept in cache while every weight tile passes
 constexpr int64_t Q4K = 4, Q6K = 6;  // the kinds: code bits
 #ifndef KTILE_PREFETCH
-#define KTILE_PREFETCH 12288
+#define KTILE_PREFETCH 2048
 #endif
 constexpr int64_t PREFETCH_BYTES = KTILE_PREFETCH;  // how far ahead the weights are asked for
 constexpr int64_t Q4K_RAW = 144, Q6K_RAW = 210;  // ggml's block bytes
