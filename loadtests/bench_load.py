@@ -30,12 +30,14 @@ from loadtests.compare import free_port, resident_mb
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def start(model: str, cache: Path, flags: list[str], timeout: float) -> tuple[float, float, subprocess.Popen]:
-    """(seconds to /ready, VmRSS MB at ready, the process), the server still running."""
+def start(
+    model: str, cache: Path, flags: list[str], timeout: float, log_path: Path
+) -> tuple[float, float, subprocess.Popen]:
+    """(seconds to /ready, VmRSS MB at ready, the process), the server still running; its log in ``log_path``."""
     port = free_port()
     command = [sys.executable, "-m", "server.cli", "serve", "--model", model, "--port", str(port),
                "--cache-dir", str(cache), *flags]  # fmt: skip
-    log = (cache.parent / f"server-{port}.log").open("w")
+    log = log_path.open("w")
     started = time.monotonic()
     proc = subprocess.Popen(command, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
     while not _ready(port):
@@ -83,6 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     from decoding.model.registry import PACKAGED_MODELS
 
     work = Path(tempfile.mkdtemp(prefix="bench-load-"))
+    logs = Path(tempfile.mkdtemp(prefix="bench-load-logs-"))  # kept: where each start spent its time
     cache = work / "cache"
     packaged = PACKAGED_MODELS.get(args.model)
     linked = 0
@@ -92,10 +95,10 @@ def main(argv: list[str] | None = None) -> None:
         os.link(source, cache / "gguf" / packaged.gguf_name)  # same volume: nothing copied
         linked = source.stat().st_size
     try:
-        cold_s, cold_mb, proc = start(args.model, cache, args.flags, args.timeout)
+        cold_s, cold_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "cold.log")
         stop(proc)
         written = folder_bytes(cache) - linked
-        warm_s, warm_mb, proc = start(args.model, cache, args.flags, args.timeout)
+        warm_s, warm_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "warm.log")
         stop(proc)
     finally:
         load = os.getloadavg()
@@ -104,6 +107,7 @@ def main(argv: list[str] | None = None) -> None:
         "model": args.model, "flags": args.flags, "cold_ready_s": round(cold_s, 1), "warm_ready_s": round(warm_s, 1),
         "disk_written_mb": round(written / 1e6, 1), "gguf_mb": round(linked / 1e6, 1),
         "rss_at_ready_mb": {"cold": round(cold_mb), "warm": round(warm_mb)}, "load_average_after": load,
+        "logs": str(logs),
     }, indent=2))  # fmt: skip
 
 

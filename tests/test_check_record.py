@@ -32,8 +32,8 @@ def counted(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 def test_a_passed_check_is_not_run_again_until_something_changes(tmp_path, monkeypatch, counted):
     engine = tmp_path / "engine"
-    engine.mkdir()
-    (engine / "attention.py").write_text("# the engine's code\n")
+    (engine / "model").mkdir(parents=True)
+    (engine / "model" / "attention.py").write_text("# the engine's code\n")
     monkeypatch.setattr(check_record, "ENGINE_ROOT", engine)
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf")
 
@@ -47,7 +47,7 @@ def test_a_passed_check_is_not_run_again_until_something_changes(tmp_path, monke
     assert len(counted) == 1  # recorded: not run again
     load("bfloat16")
     assert len(counted) == 2  # another dtype: other numerics
-    (engine / "attention.py").write_text("# the engine's code, changed\n")
+    (engine / "model" / "attention.py").write_text("# the engine's code, changed\n")
     load()
     assert len(counted) == 3  # the code under check changed
 

@@ -7,7 +7,8 @@ on the weights, the model's code and config, the dtype, and the code that comput
 a pass is recorded in the cache under a key made of all of them: the weights' source (file path,
 size, mtime), the model class and config, the dtype and every module's kind (float, or which
 low-bit blocks), the transformers and torch versions, and the contents of every Python and C++
-file of Decoda's engine. A change to any of them runs the check again; the log says which it was.
+file of the code both sides run through (``decoding/model``: attention, runner, kernels; and
+``decoding/kv``: the paged cache). A change to any of them runs the check again.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from decoding.model.cache_files import made
 logger = logging.getLogger(__name__)
 
 ENGINE_ROOT = Path(__file__).resolve().parent.parent  # decoding/
+CHECKED_CODE = ("model", "kv")  # the packages whose code computes both sides of the check
 
 
 def record_key(model: torch.nn.Module, source_key: str) -> str:
@@ -37,7 +39,8 @@ def record_key(model: torch.nn.Module, source_key: str) -> str:
     head = [source_key, type(model).__name__, model.config.to_json_string(use_diff=False), kinds, dtypes,
             transformers.__version__, torch.__version__]  # fmt: skip
     digest.update(json.dumps(head, sort_keys=True, default=str).encode())
-    for path in sorted(p for p in ENGINE_ROOT.rglob("*") if p.suffix in (".py", ".cpp", ".h")):
+    files = (p for package in CHECKED_CODE for p in (ENGINE_ROOT / package).rglob("*"))
+    for path in sorted(p for p in files if p.suffix in (".py", ".cpp", ".h")):
         digest.update(str(path.relative_to(ENGINE_ROOT)).encode())
         digest.update(path.read_bytes())
     return digest.hexdigest()[:24]
