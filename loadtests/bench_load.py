@@ -7,8 +7,10 @@ A fresh cache folder is made for the run, and the model's GGUF is hard-linked in
 server looks for a fetched file (``<cache>/gguf/<name>``: nothing copied), so the cold start reads the
 file's metadata and writes what it keeps, as on a machine where the model was just fetched. Disk
 written: the bytes the cache folder gained beyond that link. Resident: the server's VmRSS once
-``/ready`` answers (the KV cache pool included). ``--gguf``: the file to link (default: the copy a
-previous fetch left in ``~/.cache/decoda/gguf``); an installed or file model is served as it is.
+``/ready`` answers (the KV cache pool included). CPU seconds to ready: the server's user + system
+time, which other work on a shared machine does not inflate as it does the wall time. ``--gguf``:
+the file to link (default: the copy a previous fetch left in ``~/.cache/decoda/gguf``); an
+installed or file model is served as it is.
 """
 
 from __future__ import annotations
@@ -46,6 +48,13 @@ def start(
             raise SystemExit(f"{model}: not ready (exit code {proc.poll()}); see {log.name}")
         time.sleep(0.2)
     return time.monotonic() - started, resident_mb(proc.pid) or 0.0, proc
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time the process has used (its threads included): what a start costs whatever
+    else the machine runs, where wall time on a shared machine also counts the others' turns."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _ready(port: int) -> bool:
@@ -96,15 +105,18 @@ def main(argv: list[str] | None = None) -> None:
         linked = source.stat().st_size
     try:
         cold_s, cold_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "cold.log")
+        cold_cpu = cpu_seconds(proc.pid)
         stop(proc)
         written = folder_bytes(cache) - linked
         warm_s, warm_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "warm.log")
+        warm_cpu = cpu_seconds(proc.pid)
         stop(proc)
     finally:
         load = os.getloadavg()
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps({
         "model": args.model, "flags": args.flags, "cold_ready_s": round(cold_s, 1), "warm_ready_s": round(warm_s, 1),
+        "cpu_s_to_ready": {"cold": round(cold_cpu, 1), "warm": round(warm_cpu, 1)},
         "disk_written_mb": round(written / 1e6, 1), "gguf_mb": round(linked / 1e6, 1),
         "rss_at_ready_mb": {"cold": round(cold_mb), "warm": round(warm_mb)}, "load_average_after": load,
         "logs": str(logs),
