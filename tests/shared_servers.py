@@ -25,8 +25,10 @@ PLAIN = ("--max-model-len", str(PLAIN_MAX_MODEL_LEN))
 class SharedServers:
     """The session's running servers by their flags; ``stop_all`` at the session's end."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, ready_s: float = 120) -> None:
+        """``ready_s``: how long a start may take (a 1.5B model's load takes longer than SmolLM2's)."""
         self.folder = folder
+        self.ready_s = ready_s
         self.running: dict[tuple[str, ...], tuple[str, subprocess.Popen, Path]] = {}
 
     def base_url(self, *flags: str) -> str:
@@ -46,7 +48,7 @@ class SharedServers:
         store = ("--responses-store", f"sqlite:///{self.folder / f'responses-{number}.db'}")
         if "--responses-store" in flags:
             store = ()
-        base, proc = start_server(*flags, *store, log=log)
+        base, proc = start_server(*flags, *store, log=log, ready_s=self.ready_s)
         return base, proc, log
 
     def stop_all(self) -> None:

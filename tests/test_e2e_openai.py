@@ -30,16 +30,16 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def start_server(*flags: str, log: Path | None = None) -> tuple[str, subprocess.Popen]:
-    """``decoda serve`` on a free port. Its output is a pipe read at the end, or the file ``log``
-    for a server that answers thousands of requests (a full pipe would block its access log)."""
+def start_server(*flags: str, log: Path | None = None, ready_s: float = 120) -> tuple[str, subprocess.Popen]:
+    """``decoda serve`` on a free port, ready within ``ready_s``. Its output is a pipe read at the end, or
+    the file ``log`` for a server that answers thousands of requests (a full pipe would block its access log)."""
     port = free_port()
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
     out = subprocess.PIPE if log is None else log.open("w")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + ready_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise AssertionError(f"server exited early:\n{proc.stdout.read() if log is None else log.read_text()}")
@@ -50,7 +50,7 @@ def start_server(*flags: str, log: Path | None = None) -> tuple[str, subprocess.
             pass
         time.sleep(0.3)
     proc.kill()
-    raise AssertionError("server did not become ready in 120 s")
+    raise AssertionError(f"server did not become ready in {ready_s:g} s")
 
 
 def stop_server(proc: subprocess.Popen) -> int:
