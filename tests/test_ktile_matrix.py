@@ -17,7 +17,7 @@ from torch import nn
 from decoding.model.quantization import apply, ktile_matrix
 from decoding.model.quantization.gguf_blocks import DECODERS, SuperBlocks, decode_blocks
 from decoding.model.quantization.ktile_matrix import KTileMatrix
-from decoding.model.quantization.modules import QuantizedLinear
+from decoding.model.quantization.modules import QuantizedEmbedding, QuantizedLinear
 from decoding.model.quantization.sibling_products import KTileMatrixPart, fuse_sibling_products
 from tests.test_block_matrix import assert_within_bound
 from tests.test_quantization_kernels import random_blocks
@@ -118,11 +118,15 @@ def test_parts_that_do_not_fill_whole_tiles_are_not_stacked():
     assert fuse_sibling_products(module) == 0
 
 
-def test_the_operator_traces_under_torch_compile():
+def test_the_operators_trace_under_torch_compile():
     matrix, _ = tiled(T.Q4_K, 16, 256)
     compiled = torch.compile(lambda x: matrix.matmul(x) * 2, backend="aot_eager", dynamic=True)
     x = torch.randn(3, 256)
     assert torch.equal(compiled(x), matrix.matmul(x) * 2)
+    embedding = QuantizedEmbedding(matrix, torch.float32, "gguf Q4_K")  # --compile traces the whole forward
+    lookup = torch.compile(lambda ids: embedding(ids) + 1, backend="aot_eager", fullgraph=True, dynamic=True)
+    ids = torch.tensor([[3, 0, 15]])
+    assert torch.equal(lookup(ids), embedding(ids) + 1)
 
 
 def test_bad_inputs_are_refused_by_the_operator():

@@ -136,6 +136,7 @@ def _load() -> int | None:
 def _register_fakes() -> None:
     torch.library.register_fake("decoda_ktile::linear", _linear_shape)
     torch.library.register_fake("decoda_ktile::linear_part", _part_shape)
+    torch.library.register_fake("decoda_ktile::rows", _rows_shape)  # an embedding inside a compiled forward
     _LINEAR.append(torch.ops.decoda_ktile.linear.default)
 
 
@@ -145,3 +146,7 @@ def _linear_shape(x, codes, meta, kind, n):  # noqa: ANN001, ANN202
 
 def _part_shape(x, codes, meta, kind, n, start, end):  # noqa: ANN001, ANN202
     return x.new_empty((x.shape[0], end - start))
+
+
+def _rows_shape(codes, meta, ids, kind):  # noqa: ANN001, ANN202
+    return codes.new_empty((ids.shape[0], codes.shape[1] // CODE_BYTES[kind] * SUPER), dtype=torch.float32)
