@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import openai
 import pytest
@@ -28,12 +29,9 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
 ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 PARIS = ("get_weather", {"city": "Paris"})
 LONDON = ("get_weather", {"city": "London"})
-QWEN_TEMPLATE = (  # the part of Qwen2.5's chat template that tells the model how to call (auto reads it)
-    "{%- if tools %}{{- '<|im_start|>system\\n# Tools\\n<tools>' }}{%- for tool in tools %}{{- tool | tojson }}"
-    "{%- endfor %}{{- '</tools>\\nFor each function call, return a json object with function name and arguments "
-    'within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{"name": <function-name>, "arguments": '
-    "<args-json-object>}\\n</tool_call><|im_end|>\\n' }}{%- endif %}"
-)
+QWEN_TEMPLATE = json.loads((Path(__file__).parent / "golden" / "qwen_tool_replies.json").read_text())["gguf"][
+    "chat_template"
+]  # the GGUF's own, as recorded with its replies
 
 # (form, the model's reply, content, calls)
 REPLIES = [

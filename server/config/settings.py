@@ -193,9 +193,10 @@ class Settings:
     tool_call_parser: str = field(
         default="hermes",
         metadata={"help": "how the model writes tool calls (read from its reply, and forced by the call grammar): "
-                  "hermes (Qwen 2.5/3: <tool_call> JSON), llama3_json (Llama 3.1-3.3), pythonic (Llama 3.2/4 "
-                  "small models), mistral ([TOOL_CALLS]), openai (GPT-OSS's harmony), or auto: the one whose "
-                  "markers the chat template writes, else hermes (the start-up log says which)"},
+                  "hermes (Qwen 2.5/3: <tool_call> JSON, or JSON naming an offered tool, fenced or bare), "
+                  "llama3_json (Llama 3.1-3.3), pythonic (Llama 3.2/4 small models), mistral ([TOOL_CALLS]), "
+                  "openai (GPT-OSS's harmony), or auto: the one whose markers the chat template writes, else "
+                  "hermes (the start-up log says which)"},
     )  # fmt: skip
     reasoning_parser: str = field(
         default="none",
