@@ -32,6 +32,7 @@ import torch
 from decoding.engine.core import Engine
 from decoding.engine.launch import prepare_forward
 from decoding.engine.limits import EngineLimits
+from decoding.engine.warmup import warm_up
 from decoding.model.attention import register_attention
 from decoding.model.loading import load_model
 from decoding.params import GenerationParams
@@ -108,15 +109,17 @@ def split(spent: dict[str, float], whole_ms: float) -> str:
     return ", ".join(f"{name} {ms:.1f} ({ms / whole_ms:.0%})" for name, ms in parts.items())
 
 
-def profile(engine: Engine, model: torch.nn.Module, prompt: list[int], rows: int, steps: int) -> str:
+def profile(engine: Engine, model: torch.nn.Module, prompt: list[int], rows: int, steps: int, hooks: bool) -> str:
     plain, _ = run_steps(engine, prompt, rows, steps)
+    step = statistics.mean(plain) * 1000
+    if not hooks:  # a compiled forward: hooks would break its graphs
+        return f"{rows} rows: step {step:.1f} ms ({rows / step * 1000:.1f} tok/s) [compiled]"
     timers = Timers(model)
     try:
         measured, _ = run_steps_measured(engine, prompt, rows, steps, timers)
     finally:
         timers.remove()
     spent = {key: value / steps * 1000 for key, value in measured.items()}
-    step = statistics.mean(plain) * 1000
     hooked_step = spent.pop("step")
     return (f"{rows} rows: step {step:.1f} ms ({rows / step * 1000:.1f} tok/s), with hooks {hooked_step:.1f} ms: "
             f"{split(spent, hooked_step)}")  # fmt: skip
@@ -144,8 +147,10 @@ def run_steps_measured(
     return spent, engine
 
 
-def prefill_ms(engine: Engine, tokenizer: object, text: str, repeats: int, timers: Timers | None = None) -> list[float]:
-    """A new request's first step (its whole prompt) for ``text`` with a head of its own each time."""
+def prefill_ms(engine: Engine, tokenizer: object, text: str, repeats: int, timers: Timers | None = None,
+               cpu: list[float] | None = None) -> list[float]:  # fmt: skip
+    """A new request's first step (its whole prompt) for ``text`` with a head of its own each time; the
+    process's CPU time of each is appended to ``cpu`` (on a busy machine the wall time is not the work)."""
     times = []
     with torch.inference_mode():
         for i in range(repeats):
@@ -153,10 +158,12 @@ def prefill_ms(engine: Engine, tokenizer: object, text: str, repeats: int, timer
             engine.add_request(f"prefill-{i}", ids, GenerationParams(max_new_tokens=1))
             if timers is not None:
                 timers.reset()
-            start = time.perf_counter()
+            start, used = time.perf_counter(), time.process_time()
             while engine.has_work():
                 engine.step()
             times.append((time.perf_counter() - start) * 1000)
+            if cpu is not None:
+                cpu.append((time.process_time() - used) * 1000)
     return times
 
 
@@ -168,11 +175,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32)
     parser.add_argument("--prompt-file", type=Path, default=Path(__file__).with_name("prompts") / "tool_prompt.txt")
     parser.add_argument("--prefills", type=int, default=3, help="long-prompt prefills timed (0: none)")
+    parser.add_argument("--compile", action="store_true", help="the forward compiled, as --compile (no parts)")
     args = parser.parse_args()
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}")
     started = time.perf_counter()
     loaded = load_model(args.model, quantization=args.quantization, attn_implementation=register_attention())
-    prepare_forward(loaded.model, compile=False)
+    prepare_forward(loaded.model, compile=args.compile)
     print(f"loaded {args.model} ({args.quantization}) in {time.perf_counter() - started:.1f} s")
     tokenizer = loaded.tokenizer
     prompt = tokenizer.apply_chat_template([{"role": "user", "content": PROMPT}], add_generation_prompt=True,
@@ -180,15 +188,22 @@ def main() -> None:
     rows_list = [int(r) for r in args.rows.split(",")]
     limits = EngineLimits(max_model_len=1024, max_num_seqs=max(rows_list), max_num_batched_tokens=512)
     engine = Engine(loaded.model, tokenizer, [], limits, lambda _: None, torch.device("cpu"))
+    if args.compile:  # as the server does before it serves
+        started = time.perf_counter()
+        warm_up(engine, tokenizer("Warm up the compiled layers.").input_ids)
+        print(f"compiled in {time.perf_counter() - started:.1f} s")
     for rows in rows_list:
-        print(profile(engine, loaded.model, prompt, rows, args.steps), flush=True)
+        print(profile(engine, loaded.model, prompt, rows, args.steps, hooks=not args.compile), flush=True)
     if args.prefills:
         text = args.prompt_file.read_text()
         tokens = len(tokenizer(f"Request 0 of run 0: {text}").input_ids)
-        times = prefill_ms(engine, tokenizer, text, args.prefills)
+        cpu: list[float] = []
+        times = prefill_ms(engine, tokenizer, text, args.prefills, cpu=cpu)
         shown = ", ".join(f"{t:.0f}" for t in times)
-        print(f"prefill of {args.prompt_file.name} ({tokens} tokens) and its first token: "
-              f"median {statistics.median(times):.0f} ms ({shown})")  # fmt: skip
+        print(f"prefill of {args.prompt_file.name} ({tokens} tokens) and its first token: median "
+              f"{statistics.median(times):.0f} ms ({shown}); CPU time {statistics.median(cpu):.0f} ms")  # fmt: skip
+        if args.compile:
+            return
         timers = Timers(loaded.model)
         try:
             (hooked,) = prefill_ms(engine, tokenizer, text, 1, timers)

