@@ -388,7 +388,10 @@ inline __m256i widen(__m256i partial) { return partial; }
 #else
 using Partial = __m256i;  // int16 lanes
 inline __m256i pair_dot(__m256i acc, __m256i w, __m256i x) {
-    return _mm256_add_epi16(acc, _mm256_maddubs_epi16(w, x));
+    // a saturating add, which the bounds above never reach: integer adds are associative, and GCC
+    // regrouped a group's 4 rows of sums into trees whose partial results spilled to the stack (283
+    // spilled vectors in the product; 73 with this add, which it may not regroup)
+    return _mm256_adds_epi16(acc, _mm256_maddubs_epi16(w, x));
 }
 inline __m256i widen(__m256i partial) { return _mm256_madd_epi16(partial, _mm256_set1_epi16(1)); }
 #endif
