@@ -13,9 +13,11 @@ activation rows and at a prompt's 512, on:
 Weight GB/s is the file's bytes of the tensor over the product's time, beside what this machine
 streams: a ``torch.sum`` over 512 MB (read) and a 512 MB ``copy_`` (read + write, counted twice).
 A step's total weighs each shape by its count in the model (28 layers). Timings are medians; run it
-when nothing else is busy (``uptime``).
+when nothing else is busy (``uptime``, ``/proc/pressure/cpu``): one other busy process on a 2-core
+machine leaves a thread of every product waiting for a core, and the times jump to the scheduler's
+slices; ``--threads 1`` is then the steadier figure.
 
-    .venv/bin/python -m loadtests.bench_block_kernels [--gguf PATH] [--repeats 15] [--prompt 512]
+    .venv/bin/python -m loadtests.bench_block_kernels [--gguf PATH] [--repeats 15] [--prompt 512] [--threads 1]
 """
 
 from __future__ import annotations
@@ -136,8 +138,11 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--prompt", type=int, default=512, help="rows of the prompt-sized product (0: skip)")
     parser.add_argument("--no-before", action="store_true", help="skip the previous kernels (slow at 512 rows)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: every core)")
     args = parser.parse_args()
     torch.set_grad_enabled(False)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     print(cpu_summary())
     print(f"kernels: ktile {ktile_matrix.isa()}, block {block_matrix.isa()}")
     read, copy = bandwidth(max(3, args.repeats // 3))

@@ -78,7 +78,8 @@ class Timers:
             handle.remove()
 
 
-def run_steps(engine: Engine, prompt: list[int], rows: int, steps: int) -> tuple[list[float], Engine]:
+def run_steps(engine: Engine, prompt: list[int], rows: int, steps: int) -> tuple[list[float], float]:
+    """The measured steps' wall times, and their process CPU time in ms a step."""
     with torch.inference_mode():
         for row in range(rows):
             params = GenerationParams(max_new_tokens=steps + 8, min_new_tokens=steps + 8, seed=row)
@@ -86,13 +87,15 @@ def run_steps(engine: Engine, prompt: list[int], rows: int, steps: int) -> tuple
         for _ in range(4):  # the prefill and the first steps
             engine.step()
         times = []
+        used = time.process_time()
         for _ in range(steps):
             start = time.perf_counter()
             engine.step()
             times.append(time.perf_counter() - start)
+        cpu = (time.process_time() - used) / steps * 1000
         while engine.has_work():
             engine.step()
-    return times, engine
+    return times, cpu
 
 
 def split(spent: dict[str, float], whole_ms: float) -> str:
@@ -110,10 +113,11 @@ def split(spent: dict[str, float], whole_ms: float) -> str:
 
 
 def profile(engine: Engine, model: torch.nn.Module, prompt: list[int], rows: int, steps: int, hooks: bool) -> str:
-    plain, _ = run_steps(engine, prompt, rows, steps)
+    plain, cpu = run_steps(engine, prompt, rows, steps)
     step = statistics.mean(plain) * 1000
+    head = f"{rows} rows: step {step:.1f} ms ({rows / step * 1000:.1f} tok/s; CPU time {cpu:.1f} ms)"
     if not hooks:  # a compiled forward: hooks would break its graphs
-        return f"{rows} rows: step {step:.1f} ms ({rows / step * 1000:.1f} tok/s) [compiled]"
+        return f"{head} [compiled]"
     timers = Timers(model)
     try:
         measured, _ = run_steps_measured(engine, prompt, rows, steps, timers)
@@ -121,8 +125,7 @@ def profile(engine: Engine, model: torch.nn.Module, prompt: list[int], rows: int
         timers.remove()
     spent = {key: value / steps * 1000 for key, value in measured.items()}
     hooked_step = spent.pop("step")
-    return (f"{rows} rows: step {step:.1f} ms ({rows / step * 1000:.1f} tok/s), with hooks {hooked_step:.1f} ms: "
-            f"{split(spent, hooked_step)}")  # fmt: skip
+    return f"{head}, with hooks {hooked_step:.1f} ms: {split(spent, hooked_step)}"
 
 
 def run_steps_measured(
@@ -145,6 +148,24 @@ def run_steps_measured(
         while engine.has_work():
             engine.step()
     return spent, engine
+
+
+def op_table(engine: Engine, prompt: list[int], rows: int, steps: int, top: int) -> str:
+    """torch.profiler's table of the ops of ``steps`` decode steps at ``rows`` rows (self CPU time)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode():
+        for row in range(rows):
+            params = GenerationParams(max_new_tokens=steps + 8, min_new_tokens=steps + 8, seed=row)
+            engine.add_request(f"ops-{time.monotonic_ns()}-{row}", prompt, params)
+        for _ in range(4):
+            engine.step()
+        with profile(activities=[ProfilerActivity.CPU]) as recorded:
+            for _ in range(steps):
+                engine.step()
+        while engine.has_work():
+            engine.step()
+    return recorded.key_averages().table(sort_by="self_cpu_time_total", row_limit=top)
 
 
 def prefill_ms(engine: Engine, tokenizer: object, text: str, repeats: int, timers: Timers | None = None,
@@ -176,6 +197,7 @@ def main() -> None:
     parser.add_argument("--prompt-file", type=Path, default=Path(__file__).with_name("prompts") / "tool_prompt.txt")
     parser.add_argument("--prefills", type=int, default=3, help="long-prompt prefills timed (0: none)")
     parser.add_argument("--compile", action="store_true", help="the forward compiled, as --compile (no parts)")
+    parser.add_argument("--ops", type=int, default=0, metavar="N", help="also torch.profiler's top N ops a step")
     args = parser.parse_args()
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}")
     started = time.perf_counter()
@@ -194,6 +216,9 @@ def main() -> None:
         print(f"compiled in {time.perf_counter() - started:.1f} s")
     for rows in rows_list:
         print(profile(engine, loaded.model, prompt, rows, args.steps, hooks=not args.compile), flush=True)
+        if args.ops:
+            print(f"torch.profiler, {args.steps} steps of {rows} rows:")
+            print(op_table(engine, prompt, rows, args.steps, args.ops), flush=True)
     if args.prefills:
         text = args.prompt_file.read_text()
         tokens = len(tokenizer(f"Request 0 of run 0: {text}").input_ids)
