@@ -107,14 +107,14 @@ CASES = [
 
 
 def post(base: str, path: str, body: dict, tries: int = 60) -> dict:
-    """POST ``body``; a server that is restarting (connection refused) is waited for, up to ``tries`` times."""
+    """POST ``body``; a server that is restarting (refused, 503) is waited for, up to ``tries`` times 10 s."""
     request = urllib.request.Request(f"{base}{path}", json.dumps(body).encode(), {"Content-Type": "application/json"})
     for _ in range(tries - 1):
         try:
             with urllib.request.urlopen(request, timeout=1800) as response:
                 return json.loads(response.read())
         except urllib.error.URLError as error:
-            if isinstance(error, urllib.error.HTTPError):
+            if isinstance(error, urllib.error.HTTPError) and error.code != 503:  # 503: draining or loading
                 raise
             time.sleep(10)
     with urllib.request.urlopen(request, timeout=1800) as response:

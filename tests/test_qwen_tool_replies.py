@@ -39,11 +39,14 @@ EXPECTED = {
     "lookup": [("lookup_country", {"country": "Australia"})],
     "search": [("search_docs", {"query": "install server"})],
     "two_cities": [("get_weather", {"city": "Paris", "unit": "celsius"})],  # the model asks for one city only
-    "weather_and_time": [("get_weather", {"city": "Rome", "unit": "celsius"})],
+    "weather_and_time": {"gguf": [("get_weather", {"city": "Rome", "unit": "celsius"})],
+                         "served": [("get_weather", {"city": "Rome", "unit": "celsius"}),  # two bare objects
+                                    ("get_time", {"city": "Rome"})]},
     "two_sums": [("add", {"a": 3, "b": 4})],
-    "two_calls_asked": {"gguf/free": [("get_weather", {"city": "Paris", "unit": "celsius"})],  # one, then the end
+    "two_calls_asked": {"free": [("get_weather", {"city": "Paris", "unit": "celsius"})],  # one, then the end
+                        "served": [("get_weather", {"city": "Paris", "unit": "celsius"})],
                         "gguf/auto": [("get_weather", {"city": "Paris", "unit": "celsius"}),  # two fenced blocks
-                                 ("get_weather", {"city": "London", "unit": "celsius"})]},
+                                      ("get_weather", {"city": "London", "unit": "celsius"})]},
     "two_calls_system": [("get_weather", {"city": "Paris", "unit": "celsius"}),  # two objects in one fence
                          ("get_weather", {"city": "London", "unit": "celsius"})],
     "weather_and_time_both": [("get_weather", {"city": "Berlin", "unit": "celsius"}), ("get_time", {"city": "Berlin"})],
@@ -54,7 +57,8 @@ EXPECTED = {
     "code": PROSE,  # a python block returning {"name": "get_weather", "arguments": {...}}: code, no call
     "explain_tool": PROSE,
     "after_result": {"gguf/free": PROSE,  # the call again with an invented "response" key beside it: no call
-                     "gguf/auto": [("get_weather", {"city": "Paris"})]},  # the grammar ends the object at its call
+                     "gguf/auto": [("get_weather", {"city": "Paris"})],  # the grammar ends the object at its call
+                     "served": [("get_weather", {"city": "Paris", "unit": "celsius"})]},  # the call again
     "after_lookup": [("lookup_country", {"country": "Australia"})],
 }  # fmt: skip
 
