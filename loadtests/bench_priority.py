@@ -18,8 +18,9 @@ window), alone and then beside the big caller's 64 in flight (closed
 loop, started first and running throughout). ``--baseline REF`` runs the same part against Decoda at git
 ``REF`` too (its line is one first-come-first-served queue), taking turns.
 
-The phases take turns within each of ``--rounds`` rounds (the order reversed every other round), and
-ratios are taken within a round. Prints the tables; writes nothing.
+Servers run one torch thread (``--num-threads 1``) unless told otherwise: on a 2-core machine that
+leaves a core to the clients. The phases take turns within each of ``--rounds`` rounds (the order
+reversed every other round), and ratios are taken within a round. Prints the tables; writes nothing.
 
     .venv/bin/python -m loadtests.bench_priority --rounds 2 [--parts ttft,share] [--baseline REF]
 """
@@ -123,7 +124,8 @@ def part_ttft(args: argparse.Namespace, logs: Path) -> None:
     phases = {"idle": None, "loaded": 10, "loaded, no priority": 0}
     rows: dict[str, list[float]] = {name: [] for name in phases}
     ratios: list[float] = []
-    with server(ROOT, ["--scheduling-policy", "priority"], logs / "bench_priority_ttft.log") as url:
+    flags = ["--scheduling-policy", "priority", "--num-threads", str(args.num_threads)]
+    with server(ROOT, flags, logs / "bench_priority_ttft.log") as url:
         asyncio.run(high_ttfts(url, argparse.Namespace(**{**vars(args), "requests": 2}), None))  # warm-up
         for round_index in range(args.rounds):
             order = list(phases) if round_index % 2 == 0 else list(reversed(phases))
@@ -200,7 +202,7 @@ def part_share(args: argparse.Namespace, logs: Path) -> None:
 
 def share_rounds(args: argparse.Namespace, logs: Path, roots: dict[str, Path]) -> None:
     results: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name in roots}
-    flags = ["--api-key", f"{BIG},{SMALL}"]
+    flags = ["--api-key", f"{BIG},{SMALL}", "--num-threads", str(args.num_threads)]
     for round_index in range(args.rounds):
         names = list(roots) if round_index % 2 == 0 else list(reversed(roots))
         for name in names:
@@ -236,6 +238,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=30.0, help="the small caller's measurement per phase")
     parser.add_argument("--warm-seconds", type=float, default=10.0, help="the burst's head start")
     parser.add_argument("--baseline", help="git ref of a Decoda to run part share against too")
+    parser.add_argument("--num-threads", type=int, default=1,
+                        help="the servers' torch threads: 1 leaves a core to the clients on a 2-core machine, and a "
+                             "2-thread OpenMP team next to other work slows down many times over")  # fmt: skip
     args = parser.parse_args()
     logs = Path(tempfile.mkdtemp(prefix="bench-priority-"))
     print(f"machine: {cpu_summary()}; load average {os.getloadavg()[0]:.1f}; server logs in {logs}", flush=True)

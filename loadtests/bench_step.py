@@ -4,7 +4,9 @@ The figure issue 25's per-step profile asks for: the engine's own step (forward,
 checks), no HTTP around it. Every row gets the same chat prompt and forced-length greedy tokens, so
 steps differ only by the rows' lengths. Each comparison takes turns over three rounds in one
 process, so the gain is read within a round: ``--ab-kernel`` builds a second engine whose GGUF/int4
-weights take PyTorch's int4 kernel instead of the native block kernel; ``--ab-fused`` times the same
+weights take PyTorch's int4 kernel instead of the native block kernel; ``--ab-ktile`` one whose
+K-quants (Q4_K, Q6_K) take what served them before the tiled kernel (the block kernel, or PyTorch's
+int4 kernel for Q6_K without AVX-512 VNNI); ``--ab-fused`` times the same
 engine with the PyTorch writes around the plain decode kernel instead of the fused K/V write +
 decode attention call (``paged_write_decode``).
 
@@ -12,6 +14,7 @@ decode attention call (``paged_write_decode``).
     .venv/bin/python -m loadtests.bench_step --modes gguf --compile
     .venv/bin/python -m loadtests.bench_step --modes gguf,int4 --ab-kernel
     .venv/bin/python -m loadtests.bench_step --model gemma3-270m --modes gguf --compile
+    .venv/bin/python -m loadtests.bench_step --model gemma3-270m --modes gguf --ab-ktile
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import torch
 import decoding.model.attention as attention
 from decoding.engine.core import Engine
 from decoding.model.loading import load_model
-from decoding.model.quantization import block_matrix
+from decoding.model.quantization import block_matrix, ktile_matrix
 from decoding.params import GenerationParams
 from loadtests.bench_decode import PROMPT, build_engine, chat_prompt_ids
 from loadtests.compare import cpu_summary
@@ -59,6 +62,17 @@ def _without_block_kernel() -> Iterator[None]:
         block_matrix._state[:] = saved
 
 
+@contextmanager
+def _without_tiled_kernel() -> Iterator[None]:
+    """Engines built inside serve K-quants as before the tiled kernel (``ktile_dot.cpp``)."""
+    saved = list(ktile_matrix._state)
+    ktile_matrix._state[:] = [None]
+    try:
+        yield
+    finally:
+        ktile_matrix._state[:] = saved
+
+
 def median_step_ms(engine: Engine, prompt: list[int], rows: int, new_tokens: int) -> float:
     """Every step's time while ``rows`` requests of ``new_tokens`` forced tokens run; the median
     leaves out the prefill step(s)."""
@@ -86,10 +100,14 @@ def main() -> None:
     parser.add_argument("--ab-fused", action="store_true", help="also time the unfused K/V write + attention")
     parser.add_argument("--ab-kernel", action="store_true", help="also time GGUF/int4 weights on PyTorch's "
                         "int4 kernel instead of the native block kernel (block_dot.cpp)")  # fmt: skip
+    parser.add_argument("--ab-ktile", action="store_true", help="also time K-quants as served before the tiled "
+                        "kernel (ktile_dot.cpp): the block kernel, or PyTorch's int4 kernel")  # fmt: skip
     args = parser.parse_args()
-    if args.ab_kernel and args.compile:
-        parser.error("--ab-kernel times two engines in one process, which --compile cannot (they would share "
-                     "one code object's graphs); compare two processes with DECODA_BLOCK_KERNEL=torch instead")
+    if (args.ab_kernel or args.ab_ktile) and args.compile:
+        parser.error(
+            "--ab-kernel times two engines in one process, which --compile cannot (they would share "
+            "one code object's graphs); compare two processes with DECODA_BLOCK_KERNEL=torch instead"
+        )
     print(f"{cpu_summary()}; torch threads {torch.get_num_threads()}; {args.new_tokens} tokens a row")
     reference = load_model(args.model)  # its tokenizer and eos ids, as bench_decode hands them to each engine
     tokenizer, eos = reference.tokenizer, reference.eos_token_ids
@@ -108,6 +126,9 @@ def main() -> None:
             if args.ab_kernel:
                 with _without_block_kernel():
                     engines["int4 kernel"] = build(mode, rows, args.compile, tokenizer, eos, args.model)
+            if args.ab_ktile:
+                with _without_tiled_kernel():
+                    engines["before ktile"] = build(mode, rows, args.compile, tokenizer, eos, args.model)
             for each in {id(e): e for e in engines.values()}.values():  # each engine once
                 median_step_ms(each, prompt, rows, 16)  # warm
             times: dict[str, list[float]] = {name: [] for name in engines}
