@@ -25,7 +25,7 @@ from pathlib import Path
 
 from openai import AsyncOpenAI
 
-from loadtests.compare import ROOT, TRANSFORMERS, converted_folder, free_port, wait_ready, without_eos
+from loadtests.compare import ROOT, TRANSFORMERS, converted_folder, free_port, stop_server, wait_ready, without_eos
 from loadtests.loadgen import build_parser as loadgen_parser
 from loadtests.loadgen import run_load
 
@@ -39,14 +39,6 @@ def start(command: list[str], port: int, log: Path) -> subprocess.Popen:
         proc.kill()
         raise SystemExit(f"{command[0]} {problem}; see {log}")
     return proc
-
-
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
 
 
 def decoda(port: int, *flags: str) -> list[str]:
@@ -85,14 +77,16 @@ def prefix_part(logs: Path, rounds: int) -> None:
         print(f"PREFIX: cold TTFT p50 {statistics.median(cold):.3f} s, warm {statistics.median(warm):.3f} s, "
               f"warm/cold {ratio:.1%} (goal <= 10%)")  # fmt: skip
     finally:
-        stop(proc)
+        stop_server(proc)
 
 
 def concurrency_part(logs: Path, per_client: int) -> None:
     port = free_port()
     rows = {}
-    for label, flags in (("paged, defaults", ()), ("16 rows, no prefix cache", ("--max-num-seqs", "16",
-                                                                                 "--no-prefix-caching"))):
+    for label, flags in (
+        ("paged, defaults", ()),
+        ("16 rows, no prefix cache", ("--max-num-seqs", "16", "--no-prefix-caching")),
+    ):
         proc = start(decoda(port, *flags), port, logs / "decoda-concurrency.log")
         try:
             warmup = loadgen_parser().parse_args(["--url", f"http://127.0.0.1:{port}", "--concurrency", "1",
@@ -107,7 +101,7 @@ def concurrency_part(logs: Path, per_client: int) -> None:
                 print(f"{label} c={concurrency}: {summary['output_tok_s']:.1f} tok/s, TTFT p50 "
                       f"{summary['ttft_p50']:.2f} s, errors {summary['errors']}", flush=True)  # fmt: skip
         finally:
-            stop(proc)
+            stop_server(proc)
     paged16, paged48 = rows[("paged, defaults", 16)], rows[("paged, defaults", 48)]
     print(f"CONCURRENCY: 48 clients {paged48['output_tok_s']:.1f} tok/s = "
           f"{paged48['output_tok_s'] / paged16['output_tok_s']:.2f}x the 16-client figure (goal >= 1.3x), "
@@ -166,13 +160,15 @@ def chat_part(logs: Path, clients: int, turns: int, rounds: int) -> None:
             try:
                 result = asyncio.run(chat_load(f"http://127.0.0.1:{port}", model, clients, turns, extra))
             finally:
-                stop(proc)
+                stop_server(proc)
             results[name].append(result)
             print(f"chat round {round_} {name}: TTFT p50 {result['ttft_p50']:.2f} s, {result['tok_s']:.1f} tok/s",
                   flush=True)  # fmt: skip
     for name, runs in results.items():
-        print(f"CHAT {name}: TTFT p50 {statistics.median(r['ttft_p50'] for r in runs):.2f} s, "
-              f"{statistics.median(r['tok_s'] for r in runs):.1f} tok/s ({clients} clients x {turns} turns)")
+        print(
+            f"CHAT {name}: TTFT p50 {statistics.median(r['ttft_p50'] for r in runs):.2f} s, "
+            f"{statistics.median(r['tok_s'] for r in runs):.1f} tok/s ({clients} clients x {turns} turns)"
+        )
 
 
 def memory_part() -> None:

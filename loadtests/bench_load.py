@@ -27,7 +27,7 @@ from pathlib import Path
 
 import httpx
 
-from loadtests.compare import free_port, resident_mb
+from loadtests.compare import free_port, resident_mb, stop_server
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -64,15 +64,6 @@ def _ready(port: int) -> bool:
         return False
 
 
-def stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
-
-
 def folder_bytes(folder: Path) -> int:
     """Bytes held by the files under ``folder``, each hard-linked inode counted once."""
     seen: set[int] = set()
@@ -106,11 +97,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         cold_s, cold_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "cold.log")
         cold_cpu = cpu_seconds(proc.pid)
-        stop(proc)
+        stop_server(proc, 60)
         written = folder_bytes(cache) - linked
         warm_s, warm_mb, proc = start(args.model, cache, args.flags, args.timeout, logs / "warm.log")
         warm_cpu = cpu_seconds(proc.pid)
-        stop(proc)
+        stop_server(proc, 60)
     finally:
         load = os.getloadavg()
         shutil.rmtree(work, ignore_errors=True)

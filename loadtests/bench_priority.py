@@ -33,41 +33,18 @@ import contextlib
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 from openai import APIError, AsyncOpenAI
 
-from loadtests.compare import ROOT, baseline_checkout, cpu_summary, free_port, wait_ready
+from loadtests.compare import ROOT, baseline_checkout, cpu_summary, local_decoda
 from loadtests.loadgen import percentile
 
 PROMPT = "Write a long, detailed story about a lighthouse keeper and the ships that pass in the night. "
 HIGH_PROMPT = "Say hello to the new visitor."
 BIG, SMALL = "sk-bench-big", "sk-bench-small"
-
-
-@contextlib.contextmanager
-def server(root: Path, flags: list[str], log: Path) -> Iterator[str]:
-    """``decoda serve`` of the checkout at ``root`` on a free port, ready; stopped on exit."""
-    port = free_port()
-    url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), "--max-model-len", "2048", *flags]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT)
-        try:
-            problem = wait_ready(url, proc, 600)
-            if problem:
-                raise SystemExit(f"server at {root}: {problem} (log {log})")
-            yield url
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def client(url: str, key: str = "none") -> AsyncOpenAI:
@@ -125,7 +102,7 @@ def part_ttft(args: argparse.Namespace, logs: Path) -> None:
     rows: dict[str, list[float]] = {name: [] for name in phases}
     ratios: list[float] = []
     flags = ["--scheduling-policy", "priority", "--num-threads", str(args.num_threads)]
-    with server(ROOT, flags, logs / "bench_priority_ttft.log") as url:
+    with local_decoda(["--max-model-len", "2048", *flags], 600, log=logs / "bench_priority_ttft.log") as (url, _):
         asyncio.run(high_ttfts(url, argparse.Namespace(**{**vars(args), "requests": 2}), None))  # warm-up
         for round_index in range(args.rounds):
             order = list(phases) if round_index % 2 == 0 else list(reversed(phases))
@@ -206,7 +183,8 @@ def share_rounds(args: argparse.Namespace, logs: Path, roots: dict[str, Path]) -
     for round_index in range(args.rounds):
         names = list(roots) if round_index % 2 == 0 else list(reversed(roots))
         for name in names:
-            with server(roots[name], flags, logs / f"bench_priority_share_{len(results[name])}.log") as url:
+            log = logs / f"bench_priority_share_{len(results[name])}.log"
+            with local_decoda(["--max-model-len", "2048", *flags], 600, root=roots[name], log=log) as (url, _):
                 asyncio.run(small_caller(url, argparse.Namespace(**{**vars(args), "seconds": 3}), False))  # warm-up
                 alone = asyncio.run(small_caller(url, args, False))
                 shared = asyncio.run(small_caller(url, args, True))

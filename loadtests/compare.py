@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -243,20 +244,33 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
 
 
 @contextmanager
-def local_decoda(flags: list[str], timeout: float = 300) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A Decoda server of this checkout on a free port, ready, stopped on exit: ``(url, process)``."""
+def local_decoda(
+    flags: list[str], timeout: float = 300, *, root: Path = ROOT, log: Path | None = None
+) -> Iterator[tuple[str, subprocess.Popen]]:
+    """A Decoda server of the checkout at ``root`` (this one by default) on a free port, ready, stopped on
+    exit: ``(url, process)``; its output in ``log`` where given."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    with open(log, "w") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
+        proc = subprocess.Popen(command, cwd=root, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            problem = wait_ready(url, proc, timeout)
+            if problem:
+                raise SystemExit(f"server at {root}: {problem}" + (f" (log {log})" if log else ""))
+            yield url, proc
+        finally:
+            stop_server(proc)
+
+
+def stop_server(proc: subprocess.Popen, timeout: float = 30) -> None:
+    """SIGTERM (the server drains), then SIGKILL after ``timeout`` seconds."""
+    proc.terminate()
     try:
-        problem = wait_ready(url, proc, timeout)
-        if problem:
-            raise SystemExit(f"server: {problem}")
-        yield url, proc
-    finally:
-        proc.terminate()
-        proc.wait(30)
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 def measure(
@@ -298,11 +312,7 @@ def measure(
             what = f"prompt {summary['prompt']}, TTFT p50 {summary['ttft_p50']}" if extra else f"c={concurrency}"
             print(f"{name} {what}: {summary['output_tok_s']:.1f} tok/s, errors {summary['errors']}", flush=True)
     finally:
-        proc.terminate()
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_server(proc)
         log.close()
     return rows
 
