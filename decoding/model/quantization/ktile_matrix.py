@@ -62,8 +62,8 @@ class KTileMatrix(MatrixModule):
         self.kind = KINDS[weight.kind]
         self.out_features, self.in_features = weight.shape
         tiles, supers = -(-self.out_features // LANES), self.in_features // SUPER
-        codes = torch.empty(tiles, supers * CODE_BYTES[self.kind], dtype=torch.uint8)
-        meta = torch.empty(tiles, supers * META_BYTES[self.kind], dtype=torch.uint8)
+        codes = torch.empty(tiles, supers * CODE_BYTES[self.kind], dtype=torch.uint8, device="cpu")
+        meta = torch.empty(tiles, supers * META_BYTES[self.kind], dtype=torch.uint8, device="cpu")
         with warnings.catch_warnings():  # a memory-mapped file is read-only; the packer only reads it
             warnings.simplefilter("ignore", UserWarning)
             raw = torch.from_numpy(np.ascontiguousarray(weight.raw))
