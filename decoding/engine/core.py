@@ -20,11 +20,13 @@ from decoding.custom.jobs import CustomJobs
 from decoding.custom.loading import LoadedMethod
 from decoding.engine import prefill, sample_stage
 from decoding.engine.drafting import Drafter
+from decoding.engine.encoder_stage import EncoderStage
 from decoding.engine.limits import EngineLimits, assistant_drafters, kv_pool_for
 from decoding.engine.lora import EngineLoras, LoraLimits, check_adapter
 from decoding.engine.scheduler import Scheduler
 from decoding.kv.pool import OutOfBlocksError
 from decoding.model.runner import ModelRunner, RowInput
+from decoding.model.seq2seq import EncoderInput, is_encoder_decoder
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
 from decoding.sampling import BatchSampler
@@ -67,6 +69,7 @@ class Engine:
         self.loras = EngineLoras(model, self.pool, lora) if lora is not None else None
         residency = self.loras.residency if self.loras is not None else None
         self.runner = ModelRunner(model, self.pool, device, residency)
+        self.encoder = EncoderStage(model, self.pool, device) if is_encoder_decoder(model.config) else None
         self.drafter = Drafter(self.runner, assistant_drafters(assistants or {}, limits, self.pool, device),
                                set(eos_token_ids), tokenizer)  # fmt: skip
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
@@ -108,12 +111,19 @@ class Engine:
         return {request_id: strategy.request for request_id, strategy in self.strategies.items()}
 
     # ---- requests in and out ---------------------------------------------------------------------
-    def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
+    def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                    encoder_input: EncoderInput | None = None) -> None:  # fmt: skip
+        """``encoder_input``: an encoder-decoder model's encoder input (Whisper's features), with
+        ``prompt_ids`` its decoder's prompt (``EncoderStage.inputs``)."""
         if params.custom_generate is not None:
             self.custom.add(request_id, prompt_ids, params)
             return
         check_adapter(self.loras, params)
+        if self.encoder is not None:
+            prompt_ids, encoder_input = self.encoder.inputs(prompt_ids, encoder_input)
         request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
+        if self.encoder is not None:
+            self.encoder.attach(request, encoder_input)
         strategy = make_strategy(request, self.ctx)
         self.strategies[request_id] = strategy
         self.scheduler.add(strategy)
@@ -148,6 +158,9 @@ class Engine:
             request = strategy.request
             request.start_time = now
             self.observer.on_admitted(strategy.name, now - request.arrival_time, len(request.prompt_ids))
+        if self.encoder is not None:  # before the decoder's first forward reads the cross slots
+            self.encoder.run([s.request for s in admitted if not s.request.encoded],
+                             lambda request, why: self._fail(self.strategies[request.request_id], why))  # fmt: skip
         self._draft()
         batch = self._make_room(self._plan())
         if batch:
@@ -273,7 +286,7 @@ class Engine:
         if request.request_id not in self.strategies:
             return
         self._forget(strategy)
-        self.emit(RequestOutput(request.request_id, num_prompt_tokens=len(request.prompt_ids), finished=True,
+        self.emit(RequestOutput(request.request_id, num_prompt_tokens=request.num_input_tokens, finished=True,
                                 num_generated_tokens=request.num_generated, error=error, error_code=code))  # fmt: skip
         reason = "abort" if error is None else "error"
         self.observer.on_finished(strategy.name, reason, time.monotonic() - request.arrival_time)

@@ -21,6 +21,7 @@ import torch
 from decoding.engine.drafting import make_assistant
 from decoding.engine.scheduler import admission_blocks
 from decoding.kv.pool import DEFAULT_BLOCK_SIZE, KVPool
+from decoding.model.seq2seq import is_encoder_decoder, max_encoder_positions
 from decoding.params import MAX_CONTRASTIVE_TOP_K
 
 
@@ -40,11 +41,15 @@ class EngineLimits:
 def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.device) -> KVPool:
     """The target's pool, refused at start when one request of ``max_model_len`` cannot fit."""
     scratch = MAX_CONTRASTIVE_TOP_K  # contrastive candidates' scratch positions after a row
+    # an encoder-decoder's request also holds its encoder's keys and values: a cross slot of its own
+    encoder = max_encoder_positions(model.config) or 0 if is_encoder_decoder(model.config) else 0
     num_blocks = limits.kv_cache_blocks
     if num_blocks is None and limits.kv_cache_bytes is None:  # every running row at full length
-        num_blocks = limits.max_num_seqs * -(-(limits.max_model_len + scratch) // limits.block_size)
+        num_blocks = limits.max_num_seqs * (-(-(limits.max_model_len + scratch) // limits.block_size)
+                                            + -(-encoder // limits.block_size))  # fmt: skip
     pool = KVPool.for_model(
-        model, num_slots=2 * limits.max_num_seqs, max_model_len=limits.max_model_len + scratch, device=device,
+        model, num_slots=(3 if encoder else 2) * limits.max_num_seqs, max_model_len=limits.max_model_len + scratch,
+        device=device,
         memory_bytes=limits.kv_cache_bytes, num_blocks=num_blocks, block_size=limits.block_size,
         prefix_caching=limits.prefix_caching,
     )  # fmt: skip

@@ -36,6 +36,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
+from decoding.engine.cross_slots import cross_blocks, handles_needed
+from decoding.engine.cross_slots import held as held_cross_slot
+from decoding.engine.cross_slots import hold as hold_cross_slot
+from decoding.engine.cross_slots import let_go as let_go_cross_slot
 from decoding.engine.policy import (
     Shares,
     WaitingLine,
@@ -126,7 +130,7 @@ class Scheduler:
         admitted: list[DecodingStrategy] = []
         unfit: list[tuple[DecodingStrategy, str]] = []
         while (strategy := self.waiting.head(self.held)) is not None:
-            if not self._resuming(strategy) and self.pool.num_free < strategy.num_slots:
+            if not self._resuming(strategy) and self.pool.num_free < handles_needed(strategy):
                 # preempted requests hold every free row handle: the next of them resumes first
                 strategy = self.waiting.head(self.held, preempted_only=True) or strategy
             never = self._never_fits(strategy)
@@ -151,7 +155,7 @@ class Scheduler:
         """Blocks the request needs to run with the pool to itself."""
         if self._resuming(strategy):
             return self._swapped[id(strategy)].num_blocks
-        prompt_blocks = self.pool.blocks_for(len(strategy.request.prompt_ids))
+        prompt_blocks = self.pool.blocks_for(len(strategy.request.prompt_ids)) + cross_blocks(self.pool, strategy)
         return admission_blocks(prompt_blocks, strategy.num_slots, self.pool.blocks.num_blocks)
 
     def _never_fits(self, strategy: DecodingStrategy) -> str | None:
@@ -170,7 +174,7 @@ class Scheduler:
     def _make_way(self, strategy: DecodingStrategy) -> bool:
         """Preempt running requests that give way to ``strategy`` (``policy.victim_for``) until it fits."""
         new = not self._resuming(strategy)
-        if new and (self.pool.num_free < strategy.num_slots or not self._adapter_free(strategy)):
+        if new and (self.pool.num_free < handles_needed(strategy) or not self._adapter_free(strategy)):
             return False  # giving way frees no row handle nor adapter bank slot: preempted requests keep theirs
         while (victim := victim_for(strategy, self.running, self.held, self.shares)) is not None:
             self.preempt(victim)
@@ -201,7 +205,7 @@ class Scheduler:
     def _start(self, strategy: DecodingStrategy) -> bool:
         """Give a request its rows and its prompt's blocks (cached ones shared), or leave it waiting."""
         request, pool = strategy.request, self.pool
-        if pool.num_free < strategy.num_slots:
+        if pool.num_free < handles_needed(strategy):
             return False
         adapter = self._take_adapter(strategy)
         if adapter is None:  # its adapter needs a bank slot, and running requests hold every one
@@ -210,19 +214,21 @@ class Scheduler:
         self._bind_adapter(strategy, adapter)
         slot, prompt = strategy.prefill_slot, request.prompt_ids
         cached = 0
-        if strategy.reuses_prefix:  # at least the last prompt token is computed: its logits start decoding
+        reuses = strategy.reuses_prefix and request.encoder_input is None  # cross_slots: why not an encoder's
+        if reuses:  # at least the last prompt token is computed: its logits start decoding
             cached = pool.attach_prefix(slot, prompt, len(prompt) - 1)
-        needed = admission_blocks(pool.blocks_for(len(prompt)) - len(pool.tables[slot]), strategy.num_slots,
-                                  pool.blocks.num_blocks)  # fmt: skip
+        needed = admission_blocks(pool.blocks_for(len(prompt)) - len(pool.tables[slot]) + cross_blocks(pool, strategy),
+                                  strategy.num_slots, pool.blocks.num_blocks)  # fmt: skip
         if pool.blocks.num_free < needed:
             for held in strategy.release_slots():
                 pool.free(held)
             self._let_go_adapter(strategy)
             return False
+        hold_cross_slot(pool, strategy)
         pool.prepare(slot, cached, len(prompt))
         request.num_prefilled = cached
         request.num_cached_tokens = cached
-        if strategy.reuses_prefix:
+        if reuses:
             self.observer.on_prefix_cache(len(prompt), cached)
         return True
 
@@ -243,7 +249,7 @@ class Scheduler:
     def preempt(self, strategy: DecodingStrategy) -> None:
         """Take a request's K/V out of the pool; it waits, ahead of its caller's new requests, to resume."""
         self._stop_running(strategy)
-        self._swapped[id(strategy)] = self.pool.swap_out(strategy.held_slots())
+        self._swapped[id(strategy)] = self.pool.swap_out(strategy.held_slots() + held_cross_slot(strategy))
         self.waiting.add(strategy, preempted=True)
         self.observer.on_preempted()
 
@@ -282,9 +288,10 @@ class Scheduler:
             self._stop_running(strategy)
         elif self.waiting.remove(strategy):
             self._swapped.pop(id(strategy), None)
-        if strategy.request.error is None:
+        if strategy.request.error is None and strategy.request.encoder_input is None:
             for slot, token_ids in strategy.cached_sequences():
                 self.pool.register(slot, token_ids)
+        let_go_cross_slot(self.pool, strategy)
         for slot in strategy.release_slots():
             self.pool.free(slot)
         self._let_go_adapter(strategy)

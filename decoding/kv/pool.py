@@ -98,6 +98,10 @@ class KVPool:
         self._roots = [ROOT] * num_slots  # each row's prefix-cache root: its LoRA adapter's (blocks.adapter_root)
         self._free_slots = list(range(num_slots))
         self.num_copied_blocks = 0  # copy-on-write copies made (a test reads it: beams share prefixes)
+        # an encoder-decoder model's pool: each row's cross slot (its request's encoder keys and values,
+        # ``decoding.model.seq2seq``) and each cross slot's length; None for a decoder-only model
+        self.cross_slots: dict[int, int] | None = None
+        self.cross_lengths: dict[int, int] = {}
 
     @classmethod
     def for_model(
@@ -125,8 +129,8 @@ class KVPool:
             else:
                 num_blocks = num_slots * -(-max_model_len // block_size)
         num_kv_heads, key_dim, value_dim = kv_shape(config)
-        return cls(
-            num_layers=config.num_hidden_layers,
+        pool = cls(
+            num_layers=cached_layers(config),
             num_blocks=num_blocks,
             num_kv_heads=num_kv_heads,
             head_dim=key_dim,
@@ -138,6 +142,9 @@ class KVPool:
             block_size=block_size,
             prefix_caching=prefix_caching,
         )
+        if getattr(config, "is_encoder_decoder", False):
+            pool.cross_slots = {}
+        return pool
 
     # ---- counting ------------------------------------------------------------------------------
     @property
@@ -223,6 +230,16 @@ class KVPool:
         if registered.num_blocks > first:
             self._registered[slot] = _Registered(parent=self._roots[slot])
 
+    def write(self, slot: int, layer: int, keys: torch.Tensor, values: torch.Tensor) -> None:
+        """Write ``keys``/``values`` (``[kv_heads, length, head_dim]``) at the row's positions ``0..length-1``
+        of one layer (an encoder's keys and values in a cross slot); ``prepare`` made them writable."""
+        length = keys.shape[1]
+        positions = torch.arange(length, device=self.keys[layer].device)
+        table = torch.tensor(self.tables[slot], dtype=torch.long, device=positions.device)
+        blocks, offsets = table[positions // self.block_size], positions % self.block_size
+        self.keys[layer][blocks, :, offsets] = keys.transpose(0, 1).to(self.keys[layer].dtype)
+        self.values[layer][blocks, :, offsets] = values.transpose(0, 1).to(self.values[layer].dtype)
+
     def _copy_block(self, src: int, dst: int) -> None:
         for layer_keys, layer_values in zip(self.keys, self.values, strict=True):
             layer_keys[dst].copy_(layer_keys[src])
@@ -306,7 +323,7 @@ class KVPool:
 def bytes_per_block(config: object, block_size: int, dtype: torch.dtype) -> int:
     """K and V of every layer for ``block_size`` positions."""
     num_kv_heads, key_dim, value_dim = kv_shape(config)
-    return config.num_hidden_layers * num_kv_heads * (key_dim + value_dim) * block_size * dtype.itemsize
+    return cached_layers(config) * num_kv_heads * (key_dim + value_dim) * block_size * dtype.itemsize
 
 
 def kv_shape(config: object) -> tuple[int, int, int]:
@@ -316,8 +333,19 @@ def kv_shape(config: object) -> tuple[int, int, int]:
     (DeepSeek V3) caches its decompressed keys (``qk_nope_head_dim + qk_rope_head_dim``) and
     narrower values (``v_head_dim``).
     """
+    if getattr(config, "is_encoder_decoder", False):  # the decoder's (the generic names are the encoder's)
+        heads = config.decoder_attention_heads
+        return heads, config.d_model // heads, config.d_model // heads
     num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     key_dim = getattr(config, "qk_head_dim", None) or head_dim
     value_dim = getattr(config, "v_head_dim", None) or key_dim
     return num_kv_heads, key_dim, value_dim
+
+
+def cached_layers(config: object) -> int:
+    """Layers whose K/V the pool holds: the decoder's (an encoder-decoder's ``num_hidden_layers`` is its
+    encoder's); each also holds its cross-attention's encoder K/V under the request's cross slot."""
+    if getattr(config, "is_encoder_decoder", False):
+        return config.decoder_layers
+    return config.num_hidden_layers

@@ -12,9 +12,13 @@ from __future__ import annotations
 
 import torch
 
+from decoding.model.seq2seq import decoder_layer_stack, is_encoder_decoder
+
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder's layer stack, in order."""
+    if is_encoder_decoder(model.config):  # the config's layer count is the encoder's
+        return decoder_layer_stack(model)
     decoder = model.get_decoder()
     count = model.config.get_text_config().num_hidden_layers
     stacks = [child for child in decoder.children() if isinstance(child, torch.nn.ModuleList) and len(child) == count]
@@ -26,6 +30,9 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 def final_norm(model: torch.nn.Module) -> torch.nn.Module:
     """The normalisation the decoder applies to the last layer's output (HF's last hidden state)."""
     decoder = model.get_decoder()
+    if is_encoder_decoder(model.config):  # Whisper's and mBART's ``layer_norm``; Bart's and Marian's: none
+        norm = getattr(decoder, "layer_norm", None)
+        return norm if norm is not None else torch.nn.Identity()
     layers = decoder_layers(model)
     after = False
     norm = None

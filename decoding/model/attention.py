@@ -47,6 +47,8 @@ from decoding.kv.paged_attention import (
 )
 from decoding.kv.pool import KVPool
 from decoding.model.compile import LAYER_BUFFER
+from decoding.model.cross_attention import CrossLayout
+from decoding.model.seq2seq import CROSS_LAYER
 
 ATTENTION_NAME = "decoda"
 LAYOUT_KWARG = "decoda_layout"  # the model forwards this keyword down to every attention call
@@ -102,6 +104,8 @@ class StepLayout:
                          device=device)
             for seg in self.multi
         ]  # fmt: skip
+        # an encoder-decoder model's rows also read their request's encoder keys and values
+        self.cross = CrossLayout(pool, self.decode, self.multi, device) if pool.cross_slots is not None else None
         if self.decode:
             width = max(pool.blocks_for(seg.start + 1) for seg in self.decode)
             tables = [(pool.tables[seg.slot] + [0] * width)[:width] for seg in self.decode]
@@ -117,7 +121,7 @@ class StepLayout:
         rows = tokens["token_blocks"].shape[0]
         layout.pool, layout.device = pool, tokens["token_blocks"].device
         layout.segments = layout.decode = [Segment(0, 0, 1)] * rows
-        layout.multi, layout._multi_blocks, layout._masks = [], [], {}
+        layout.multi, layout._multi_blocks, layout._masks, layout.cross = [], [], {}, None
         layout.num_tokens = rows
         for name, tensor in tokens.items():
             setattr(layout, name, tensor)
@@ -246,6 +250,9 @@ def decoda_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layout = kwargs.get(LAYOUT_KWARG)
     if layout is not None:  # eager: the layout came with the call, no custom-op dispatch (~0.1 ms a layer)
+        cross = getattr(module, CROSS_LAYER, None)
+        if cross is not None:  # the keys and values the module computed are a stand-in's: the pool holds them
+            return layout.cross.attend(cross, query, float(scale)), None
         return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
     layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
     if layer is None:

@@ -26,6 +26,7 @@ from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_l
 from decoding.model.compile import is_compiled
 from decoding.model.cuda_graphs import DecodeGraphs, wants_cuda_graphs
 from decoding.model.lora import LoraResidency
+from decoding.model.seq2seq import decoder_logits, is_encoder_decoder
 
 
 class _ExitReached(Exception):
@@ -63,6 +64,7 @@ class ModelRunner:
         self.norm = final_norm(model)
         self.num_layers = len(self.layers)
         self.compiled = is_compiled(model)
+        self.seq2seq = is_encoder_decoder(model.config)
         self.graphs = None  # decode-only steps replayed from CUDA graphs (``--compile`` on a GPU)
         if wants_cuda_graphs(model):
             self.graphs = DecodeGraphs(pool, device, self._decode_call, replay=device.type == "cuda")
@@ -123,13 +125,7 @@ class ModelRunner:
                 context.enter_context(self.lora.bank.active(lora_step))
             kwargs = {} if compiled else {LAYOUT_KWARG: layout}
             try:
-                out_logits = self.model(
-                    input_ids=input_ids,
-                    position_ids=layout.token_positions.unsqueeze(0),
-                    use_cache=False,
-                    logits_to_keep=keep_index,
-                    **kwargs,
-                ).logits
+                out_logits = self._logits(input_ids, layout.token_positions.unsqueeze(0), keep_index, kwargs)
             except _ExitReached as exit_:
                 out_logits = self._head(exit_.hidden[:, keep_index])
         for i, row in enumerate(inputs):
@@ -138,6 +134,15 @@ class ModelRunner:
             }
         logits = out_logits[0].float()  # [num_kept, vocab_size]
         return [logits[kept_ranges[i][0] : kept_ranges[i][1]] for i in range(len(inputs))]
+
+    def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
+                kwargs: dict) -> torch.Tensor:  # fmt: skip
+        """``[1, kept, vocab]``: the whole model's, or an encoder-decoder's decoder alone (its
+        cross-attention reads the encoder's keys and values from the pool)."""
+        if self.seq2seq:
+            return decoder_logits(self.model, input_ids, positions, keep, **kwargs)
+        return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+                          **kwargs).logits  # fmt: skip
 
     def _adapters(self, inputs: list[RowInput]) -> dict[int, int]:
         """Each row's adapter slot by KV slot, or nothing when no row of the step has an adapter."""

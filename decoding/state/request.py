@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import FinishReason, RequestOutput, SequenceDelta, TokenLogprob
 from decoding.params import GenerationParams
 from decoding.params.lengths import new_token_limit
@@ -100,6 +101,12 @@ class Request:
     prompt_logprobs: list[TokenLogprob] | None = None
     prompt_logprobs_sent: bool = False
     error: str | None = None
+    # an encoder-decoder model's request: what its encoder reads, and the pool slot holding the encoder's
+    # keys and values once it ran (``decoding.model.seq2seq``); ``prompt_ids`` are then the decoder's prompt
+    encoder_input: EncoderInput | None = None
+    encoder_length: int = 0
+    cross_slot: int | None = None
+    encoded: bool = False
 
     @classmethod
     def create(
@@ -134,6 +141,12 @@ class Request:
         ]
         return cls(request_id, list(prompt_ids), params, rows, timeout=timeout)
 
+    @property
+    def num_input_tokens(self) -> int:
+        """What the user's usage counts as the prompt: an encoder-decoder's encoder input and decoder
+        prompt (Whisper's features count as the encoder's positions), else the prompt."""
+        return self.encoder_length + len(self.prompt_ids)
+
     def take_output(self) -> RequestOutput:
         """What happened since the last output: every row's new tokens and text, the prompt's
         logprobs once the prompt is in."""
@@ -142,7 +155,7 @@ class Request:
         output = RequestOutput(
             self.request_id,
             deltas=deltas,
-            num_prompt_tokens=len(self.prompt_ids),
+            num_prompt_tokens=self.num_input_tokens,
             num_cached_tokens=self.num_cached_tokens,
             num_generated_tokens=self.num_generated,
             num_draft_tokens=sum(row.num_draft_tokens for row in self.rows),

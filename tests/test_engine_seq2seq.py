@@ -1,0 +1,194 @@
+"""Encoder-decoder models in the engine equal transformers' generate(): Bart, Marian and Whisper (tiny
+random models from their configs), under greedy, sampling, beam search and beam sampling, alone and
+nine at once in one batch (the encoder's batch and the packed decoder rows), and through preemption.
+
+The encoder runs once per request and its cross-attention keys and values live in the pool under the
+request's cross slot (decoding/model/seq2seq.py); what is compared is the generated tokens (and the beam
+scores), against ``GenerationMixin.generate`` with the same decoder prompt.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+from transformers import (
+    BartConfig,
+    BartForConditionalGeneration,
+    GenerationMixin,
+    MarianConfig,
+    MarianMTModel,
+    WhisperConfig,
+    WhisperForConditionalGeneration,
+)
+
+from decoding.model.seq2seq import EncoderInput
+from decoding.params import GenerationParams
+from tests.engine_harness import EngineHarness, as_served
+from tests.scripted_engine import WordTokenizer
+from tests.test_engine_preemption import run_until_preempted
+
+VOCAB = 96
+EOS = 2
+MAX_NEW = 10
+SHAPE = {"d_model": 64, "encoder_layers": 2, "decoder_layers": 2, "encoder_attention_heads": 4,
+         "decoder_attention_heads": 4, "encoder_ffn_dim": 128, "decoder_ffn_dim": 128}  # fmt: skip
+
+
+def tiny_bart() -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = BartConfig(vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=1, bos_token_id=0,
+                        eos_token_id=EOS, decoder_start_token_id=EOS, init_std=0.2, **SHAPE)  # fmt: skip
+    return BartForConditionalGeneration(config).eval()
+
+
+def tiny_marian() -> torch.nn.Module:
+    torch.manual_seed(1)
+    config = MarianConfig(vocab_size=VOCAB, max_position_embeddings=128, pad_token_id=VOCAB - 1, eos_token_id=EOS,
+                          decoder_start_token_id=VOCAB - 1, init_std=0.2, **SHAPE)  # fmt: skip
+    return MarianMTModel(config).eval()
+
+
+def tiny_whisper() -> torch.nn.Module:
+    torch.manual_seed(2)
+    config = WhisperConfig(vocab_size=VOCAB, num_mel_bins=8, max_source_positions=30, max_target_positions=64,
+                           pad_token_id=VOCAB - 1, bos_token_id=0, eos_token_id=EOS, decoder_start_token_id=1,
+                           init_std=0.2, **SHAPE)  # fmt: skip
+    return WhisperForConditionalGeneration(config).eval()
+
+
+FAMILIES = {"bart": tiny_bart, "marian": tiny_marian, "whisper": tiny_whisper}
+
+
+class Family:
+    """A tiny model, its served copy, and the inputs its requests carry."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.model = FAMILIES[name]()
+        for config in (self.model.config, self.model.generation_config):
+            config.forced_bos_token_id = config.forced_eos_token_id = None
+        self.model.generation_config.begin_suppress_tokens = self.model.generation_config.suppress_tokens = None
+        self.served = as_served(self.model)
+        self.rng = random.Random(name)
+
+    def case(self) -> tuple[EncoderInput, list[int]]:
+        """An encoder input and the decoder prompt ``generate()`` starts from for it."""
+        if self.name == "whisper":
+            features = torch.randn(8, 60, generator=torch.Generator().manual_seed(self.rng.randrange(1 << 30)))
+            return EncoderInput(features=features), [1, self.rng.randrange(3, VOCAB - 1)]
+        tokens = [self.rng.randrange(3, VOCAB - 1) for _ in range(self.rng.randrange(3, 40))] + [EOS]
+        start = self.model.config.decoder_start_token_id
+        return EncoderInput(token_ids=tokens), [start]
+
+    def harness(self, max_model_len: int = 64, **kv_cache: object) -> EngineHarness:
+        return EngineHarness(self.served, WordTokenizer(), [EOS], served=True, max_model_len=max_model_len,
+                             **kv_cache)  # fmt: skip
+
+    def add(self, harness: EngineHarness, request_id: str, case: tuple, params: GenerationParams) -> None:
+        encoder_input, prompt = case
+        if encoder_input.token_ids is not None and prompt == [self.model.config.decoder_start_token_id]:
+            harness.add(request_id, encoder_input.token_ids, params)  # a text model's prompt is the encoder's
+        else:
+            harness.engine.add_request(request_id, prompt, params, encoder_input)
+
+    def reference(self, case: tuple, seed: int | None = None, **kwargs: object) -> tuple[list[list[int]], list]:
+        """``generate()``'s continuations (after the decoder prompt, cut after eos) and beam scores."""
+        encoder_input, prompt = case
+        if encoder_input.token_ids is not None:
+            inputs = {"input_ids": torch.tensor([encoder_input.token_ids])}
+        else:
+            inputs = {"input_features": encoder_input.features[None]}
+        if seed is not None:
+            torch.manual_seed(seed)
+        kwargs.setdefault("top_k", 0)
+        with torch.inference_mode():
+            out = GenerationMixin.generate(self.model, **inputs, decoder_input_ids=torch.tensor([prompt]),
+                                           max_new_tokens=MAX_NEW, eos_token_id=EOS, pad_token_id=0,
+                                           output_scores=True, return_dict_in_generate=True, **kwargs)  # fmt: skip
+        sequences = []
+        for row in out.sequences[:, len(prompt) :].tolist():
+            sequences.append(row[: row.index(EOS) + 1] if EOS in row else row)
+        scores = out.sequences_scores.tolist() if getattr(out, "sequences_scores", None) is not None else []
+        return sequences, scores
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def family(request):
+    return Family(request.param)
+
+
+MODES = {
+    "greedy": {"do_sample": False},
+    "sampling": {"do_sample": True, "temperature": 0.9, "top_p": 0.9},
+    "beam": {"do_sample": False, "num_beams": 3, "num_return_sequences": 2, "length_penalty": 0.8},
+    "beam_sampling": {"do_sample": True, "num_beams": 2, "temperature": 0.7},
+    "penalties": {"do_sample": False, "repetition_penalty": 1.4, "no_repeat_ngram_size": 2},
+}
+
+
+def params_for(mode: str, seed: int) -> GenerationParams:
+    kwargs = dict(MODES[mode])
+    n = kwargs.get("num_return_sequences", 1)
+    return GenerationParams(max_new_tokens=MAX_NEW, seed=seed if kwargs["do_sample"] else None, n=n, logprobs=0,
+                            **kwargs)  # fmt: skip
+
+
+def ours(harness: EngineHarness, request_id: str, n: int) -> list[list[int]]:
+    return [harness.token_ids(request_id, index) for index in range(n)]
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_each_mode_alone_equals_generate(family, mode):
+    for number in range(2):
+        case, seed = family.case(), 100 + number
+        harness = family.harness()
+        params = params_for(mode, seed)
+        family.add(harness, "r", case, params)
+        harness.run()
+        expected, scores = family.reference(case, seed=seed if params.do_sample else None, **MODES[mode])
+        assert ours(harness, "r", params.n) == expected, (family.name, mode, case)
+        if MODES[mode].get("num_beams", 1) > 1 and not params.do_sample:
+            assert harness.sequence_scores("r") == pytest.approx(scores, abs=1e-4)
+
+
+def test_nine_requests_in_one_batch_equal_each_alone(family):
+    """Nine requests of every mode at once: their encoders in one batch, their decoder rows packed."""
+    cases = [(family.case(), mode, 200 + i) for i, mode in enumerate(sorted(MODES) * 2)][:9]
+    harness = family.harness()
+    for i, (case, mode, seed) in enumerate(cases):
+        family.add(harness, str(i), case, params_for(mode, seed))
+    harness.run()
+    for i, (case, mode, seed) in enumerate(cases):
+        params = params_for(mode, seed)
+        expected, _ = family.reference(case, seed=seed if params.do_sample else None, **MODES[mode])
+        assert ours(harness, str(i), params.n) == expected, (family.name, mode)
+
+
+def test_preempted_requests_resume_with_their_encoder_state(family):
+    """A pool too small for all at once: requests give way and come back with their cross slots."""
+    cases = [family.case() for _ in range(6)]
+    harness = family.harness(max_model_len=24, kv_cache_blocks=40, block_size=4)
+    for i, case in enumerate(cases):
+        family.add(harness, str(i), case, params_for("beam", 0))
+    run_until_preempted(harness)
+    harness.run()
+    for i, case in enumerate(cases):
+        expected, _ = family.reference(case, **MODES["beam"])
+        assert ours(harness, str(i), 2) == expected
+    pool = harness.engine.pool
+    assert pool.cross_slots == {} and pool.cross_lengths == {} and pool.blocks.num_used == 0
+
+
+def test_usage_counts_the_encoder_input(family):
+    case = family.case()
+    harness = family.harness()
+    family.add(harness, "r", case, params_for("greedy", 0))
+    harness.run()
+    (last,) = [out for out in harness.outputs["r"] if out.finished]
+    encoder_input, prompt = case
+    if encoder_input.token_ids is not None:
+        assert last.num_prompt_tokens == len(encoder_input.token_ids) + len(prompt)
+    else:
+        assert last.num_prompt_tokens == encoder_input.features.shape[-1] // 2 + len(prompt)
