@@ -51,6 +51,9 @@ class ServedModel:
     quantization: str = "none"  # --quantization: none, gguf, int8, int4
     parent: str | None = None  # a LoRA adapter's base model (role "lora"), as vLLM lists it
     root: str | None = None  # where a LoRA adapter was loaded from
+    # what the model does, by HF's pipeline task names: "text-generation" (decoder-only),
+    # "text2text-generation" (Bart, Marian: the prompt is the encoder's), "automatic-speech-recognition"
+    task: str = "text-generation"
 
 
 class EngineClient(ABC):

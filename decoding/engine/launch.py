@@ -35,6 +35,8 @@ from decoding.model.cuda_graphs import use_cuda_graphs
 from decoding.model.dtype_choice import resolve_dtype
 from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
+from decoding.model.registry import ModelLoadError
+from decoding.model.seq2seq import is_encoder_decoder, model_task, seq2seq_facts
 from decoding.params.model_checks import ModelFacts
 from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
@@ -87,6 +89,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         custom_methods=tuple(method.info for method in built.custom_methods.values()),
         bos_token_id=loaded.model.config.bos_token_id,  # HF's detector reads the model config's
         max_chars_per_token=max_chars_per_token(loaded.tokenizer),
+        **seq2seq_facts(loaded.model),
     )
     return WorkerEngineClient(
         worker,
@@ -112,6 +115,7 @@ def _served(name: str, role: str, loaded: LoadedModel, built: _Built, config: En
     return ServedModel(
         name, role, built.max_model_len, architecture=loaded.architecture, model_type=loaded.model_type,
         dtype=config.dtype, quantization=loaded.quantization,  # ``auto`` resolved per model
+        task=model_task(loaded.model),
     )  # fmt: skip
 
 
@@ -135,6 +139,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         model_index_url=config.model_index_url,
     )
     model = loaded.model
+    _check_seq2seq_flags(config, loaded)
     builds_done()  # the compile below (and a first step) needs every one of them
     prepare_forward(model, compile=config.compile, device=torch.device(config.device))
     max_model_len = resolve_max_model_len(config, loaded.max_position_embeddings)
@@ -191,6 +196,17 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
     if observer is not None:
         observer.on_cache_config(engine.pool.block_size, engine.pool.blocks.num_blocks, config.prefix_caching)
     return engine, _Built(loaded, max_model_len, assistants, custom_methods)
+
+
+def _check_seq2seq_flags(config: EngineConfig, loaded: LoadedModel) -> None:
+    """Refuse at start the flags an encoder-decoder model is not served with yet, naming each."""
+    if not is_encoder_decoder(loaded.model.config):
+        return
+    flags = {"--compile": config.compile, "--assistant-model": bool(config.assistant_models),
+             "--enable-lora/--lora-modules": config.serves_loras, "--custom-generate": bool(config.custom_generate)}
+    for flag, given in flags.items():
+        if given:
+            raise ModelLoadError(f"{flag} is not served with encoder-decoder models ({loaded.architecture}) yet")
 
 
 def load_assistants(config: EngineConfig, target: LoadedModel) -> dict[str, LoadedModel]:

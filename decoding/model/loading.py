@@ -26,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSeq2SeqLM,
+    AutoModelForSpeechSeq2Seq,
+    AutoTokenizer,
+    PreTrainedTokenizerBase,
+)
 
 from decoding.model.attention import ATTENTION_NAME
 from decoding.model.cache_files import cache_key, made
@@ -45,6 +52,7 @@ from decoding.model.registry import (
     gguf_parts,
     quantization_for,
 )
+from decoding.model.seq2seq import is_encoder_decoder, max_decoder_positions
 from decoding.model.support import check_attention_interface, check_config, check_model
 from decoding.params.model_defaults import log_generation_defaults, split_generation_defaults
 
@@ -251,9 +259,19 @@ def _load_folder(folder: Path | str, options: dict[str, Any], **hub: Any) -> tup
     check_config(config)  # refuse before reading the weights
     if options.get("attn_implementation") == ATTENTION_NAME:
         check_attention_interface(config)
-    model = AutoModelForCausalLM.from_pretrained(str(folder), **options, **hub)
+    model = model_class(config).from_pretrained(str(folder), **options, **hub)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **hub)
     return model, tokenizer
+
+
+def model_class(config: Any) -> type:
+    """The auto class that builds ``config``'s generating model: a causal LM, or an encoder-decoder's
+    text (Bart, Marian) or speech (Whisper) class."""
+    if not is_encoder_decoder(config):
+        return AutoModelForCausalLM
+    if type(config) in AutoModelForSpeechSeq2Seq._model_mapping:
+        return AutoModelForSpeechSeq2Seq
+    return AutoModelForSeq2SeqLM
 
 
 def _load_from_hub(hub_id: str, options: dict[str, Any]) -> tuple[Any, Any]:
@@ -303,6 +321,8 @@ def _describe(model: Any, tokenizer: PreTrainedTokenizerBase, served_name: str, 
     defaults, ignored = split_generation_defaults(values)  # every key sorted, the unused ones with a reason
     log_generation_defaults(served_name, defaults, ignored)
     max_positions = getattr(config, "max_position_embeddings", None)
+    if is_encoder_decoder(model.config):  # the decoder's (Whisper's 448), which the KV pool holds
+        max_positions = max_decoder_positions(model.config)
     if not isinstance(max_positions, int):
         raise ModelLoadError(f"model {served_name!r} has no max_position_embeddings in its config")
     return LoadedModel(

@@ -54,6 +54,23 @@ def decoder_start_ids(model: torch.nn.Module) -> list[int]:
     return [start] if isinstance(start, int) else list(start)
 
 
+def model_task(model: torch.nn.Module) -> str:
+    """What ``/v1/models`` says the model does, by HF's pipeline task names."""
+    if not is_encoder_decoder(model.config):
+        return "text-generation"
+    return "automatic-speech-recognition" if getattr(model.config, "num_mel_bins", None) else "text2text-generation"
+
+
+def seq2seq_facts(model: torch.nn.Module) -> dict[str, Any]:
+    """``ModelFacts``' encoder-decoder fields for ``model`` (none for a decoder-only model)."""
+    if not is_encoder_decoder(model.config):
+        return {}
+    takes_audio = bool(getattr(model.config, "num_mel_bins", None))
+    return {"encoder_decoder": True, "input_kind": "audio" if takes_audio else "text",
+            "max_encoder_len": None if takes_audio else max_encoder_positions(model.config),
+            "decoder_prompt_len": len(decoder_start_ids(model))}  # fmt: skip
+
+
 def max_decoder_positions(config: Any) -> int | None:
     """The longest decoder sequence the model has positions for (Whisper's 448)."""
     return getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)

@@ -26,6 +26,8 @@ from transformers import AttentionInterface, AutoModelForCausalLM
 from decoding.kv.pool import KVPool
 from decoding.model.registry import ModelLoadError
 from decoding.model.runner import ModelRunner, RowInput
+from decoding.model.seq2seq import is_encoder_decoder
+from decoding.model.seq2seq_check import check_seq2seq
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 # config fields that only a layer with recurrent or convolutional state has
@@ -33,6 +35,8 @@ _STATE_FIELDS = ("ssm_state_size", "mamba_d_state", "state_size", "linear_num_va
 # layer kinds (``layer_types``) whose layers carry state from token to token
 _STATEFUL_WORDS = ("mamba", "linear", "conv", "recurrent", "hybrid", "ssm", "rwkv", "delta")
 _PROBE_TOKENS = 7
+# encoder-decoder families whose attention takes a relative position bias as an argument (not served yet)
+_RELATIVE_BIAS_FAMILIES = {"t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop"}
 # max |ours - eager| over the probe's logits, relative to their largest magnitude, by dtype
 _TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
 
@@ -48,9 +52,13 @@ def check_config(config: Any) -> None:
     """Refuse, before loading weights, what the paged KV cache cannot hold."""
     name = architecture(config)
     if getattr(config, "is_encoder_decoder", False):
-        raise ModelLoadError(
-            f"architecture {name} is an encoder-decoder model; Decoda serves decoder-only causal language models"
-        )
+        if getattr(config, "model_type", "") in _RELATIVE_BIAS_FAMILIES:
+            raise ModelLoadError(
+                f"architecture {name} is an encoder-decoder model whose attention adds T5's relative position "
+                "bias, which Decoda's paged attention does not compute yet; Bart, mBART, Marian, Pegasus and "
+                "Whisper are served"
+            )
+        return  # its decoder's layers are checked once loaded (``seq2seq.cross_attention_modules``, check_model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
     other = sorted(set(_layer_types(text)) - ATTENTION_LAYER_TYPES)
     stateful = [kind for kind in other if any(word in kind for word in _STATEFUL_WORDS)]
@@ -103,6 +111,9 @@ def check_model(model: torch.nn.Module, attention_name: str) -> None:
             f"architecture {name} does not route its attention through transformers' AttentionInterface, so "
             "Decoda's paged attention cannot run it"
         )
+    if is_encoder_decoder(model.config):
+        check_seq2seq(model, name)
+        return
     try:
         calls, ours = _probe(model, attention_name, config.vocab_size)
     except ModelLoadError:

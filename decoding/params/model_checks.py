@@ -17,6 +17,7 @@ from decoding.params.errors import ParameterError
 from decoding.params.generation import GenerationParams, guidance_active
 from decoding.params.knobs import check_knob_ids, check_max_length
 from decoding.params.lengths import new_token_limit
+from decoding.params.seq2seq_checks import check_seq2seq_request
 from decoding.params.thinking import thinking_ids
 
 
@@ -35,6 +36,12 @@ class ModelFacts:
     # the longest text one token stands for (its vocabulary entry's length bounds it): a text longer
     # than max_model_len of those cannot fit the context, whatever it tokenizes to; None: unknown
     max_chars_per_token: int | None = None
+    # an encoder-decoder model: the prompt is the encoder's (at most ``max_encoder_len`` tokens) and the
+    # decoder's own prompt, ``decoder_prompt_len`` tokens, counts in ``max_model_len`` with the completion
+    encoder_decoder: bool = False
+    input_kind: str = "text"  # what the model's encoder reads: "text", or "audio" (Whisper: the audio API)
+    max_encoder_len: int | None = None
+    decoder_prompt_len: int = 1
 
 
 def check_against_model(
@@ -49,6 +56,9 @@ def check_against_model(
     ``prompt_param`` is the field they came from (``prompt`` or ``messages``), which the context
     error names, as OpenAI does.
     """
+    if facts.input_kind == "audio" and prompt_param in ("prompt", "messages", "input"):
+        raise ParameterError("this model transcribes speech: send audio to /v1/audio/transcriptions or "
+                             "/v1/audio/translations", param="model", code="model_not_supported")  # fmt: skip
     for ids in prompts:
         if not ids:  # e.g. text the tokenizer drops whole ("\r" for a word-level one): nothing to continue
             raise ParameterError(f"the {prompt_param} has no tokens once tokenized", param=prompt_param,
@@ -71,6 +81,9 @@ def check_against_model(
             code="model_not_found",
         )
     for ids in prompts:
+        if facts.encoder_decoder:
+            check_seq2seq_request(params, len(ids), facts.max_encoder_len)
+            ids = ids[: facts.decoder_prompt_len]  # the decoder's context holds its prompt, not the encoder's
         check_max_length(params, len(ids), prompt_param)
         check_context(len(ids), new_token_limit(params, len(ids)), facts.max_model_len, prompt_param)
     if params.prediction_ids is not None:  # drafts are looked up in it: ids of this vocabulary, at most a context

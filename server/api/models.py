@@ -33,6 +33,7 @@ def model_object(model: ServedModel, created: int) -> dict[str, Any]:
         "model_type": model.model_type,
         "dtype": model.dtype,
         "quantization": model.quantization,
+        "task": model.task,
         "parent": model.parent,
         **({"root": model.root} if model.root is not None else {}),
     }
