@@ -16,18 +16,28 @@ import torch
 from decoding.strategies.dola import dola_candidate_layers, dola_contrast
 
 
-def _forward(model: torch.nn.Module, ids: list[int]) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
-    out = model(torch.tensor([ids], device=model.device), output_hidden_states=True, use_cache=False)
+def _forward(
+    model: torch.nn.Module, ids: list[int], encoder_inputs: dict | None = None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, ...]]:
+    """The last position's logits and every layer's hidden states; ``encoder_inputs``: an encoder-decoder
+    model's encoder input (``input_ids`` or ``input_features``), with ``ids`` its decoder's sequence."""
+    ids_tensor = torch.tensor([ids], device=model.device)
+    if encoder_inputs is not None:
+        out = model(**encoder_inputs, decoder_input_ids=ids_tensor, output_hidden_states=True, use_cache=False)
+        return out.logits[0, -1].float(), out.decoder_hidden_states
+    out = model(ids_tensor, output_hidden_states=True, use_cache=False)
     return out.logits[0, -1].float(), out.hidden_states
 
 
 @torch.inference_mode()
 def contrastive_search(
-    model: torch.nn.Module, prompt: list[int], top_k: int, penalty_alpha: float, max_new_tokens: int, eos: int
+    model: torch.nn.Module, prompt: list[int], top_k: int, penalty_alpha: float, max_new_tokens: int, eos: int,
+    encoder_inputs: dict | None = None,
 ) -> list[int]:
-    """4.x ``_contrastive_search`` at batch size 1 with no logits processors."""
+    """4.x ``_contrastive_search`` at batch size 1 with no logits processors (``encoder_inputs``: an
+    encoder-decoder model's, with ``prompt`` its decoder prompt)."""
     ids = list(prompt)
-    logits, hidden = _forward(model, ids)
+    logits, hidden = _forward(model, ids, encoder_inputs)
     context = hidden[-1][0]  # [length, hidden]: the last (normed) hidden state of every token so far
     new: list[int] = []
     for _ in range(max_new_tokens):
@@ -35,7 +45,7 @@ def contrastive_search(
         top_probs, top_ids = probs.topk(top_k)
         scores, states, next_logits = [], [], []
         for probability, candidate in zip(top_probs.tolist(), top_ids.tolist(), strict=True):
-            candidate_logits, candidate_hidden = _forward(model, ids + [candidate])
+            candidate_logits, candidate_hidden = _forward(model, ids + [candidate], encoder_inputs)
             state = candidate_hidden[-1][0, -1]
             similarity = (context / context.norm(dim=-1, keepdim=True)) @ (state / state.norm())
             scores.append((1.0 - penalty_alpha) * probability - penalty_alpha * float(similarity.max()))

@@ -26,6 +26,7 @@ from transformers import (
 from decoding.model.seq2seq import EncoderInput
 from decoding.params import GenerationParams
 from tests.engine_harness import EngineHarness, as_served
+from tests.reference_decoding import contrastive_search
 from tests.scripted_engine import WordTokenizer
 from tests.test_engine_preemption import run_until_preempted
 
@@ -192,3 +193,22 @@ def test_usage_counts_the_encoder_input(family):
         assert last.num_prompt_tokens == len(encoder_input.token_ids) + len(prompt)
     else:
         assert last.num_prompt_tokens == encoder_input.features.shape[-1] // 2 + len(prompt)
+
+
+def test_contrastive_search_equals_4x_reference(family):
+    """Contrastive search's candidates share a prefix and are scored by the decoder's last hidden states
+    (Whisper's final norm, Bart's and Marian's last layer): as transformers 4.x ran it, recomputed from
+    full forwards of the model with its encoder input (``tests/reference_decoding.py``)."""
+    for number in range(2):
+        case = family.case()
+        harness = family.harness()
+        params = GenerationParams(max_new_tokens=MAX_NEW, penalty_alpha=0.6, top_k=4)
+        family.add(harness, "r", case, params)
+        harness.run()
+        encoder_input, prompt = case
+        if encoder_input.token_ids is not None:
+            inputs = {"input_ids": torch.tensor([encoder_input.token_ids])}
+        else:
+            inputs = {"input_features": encoder_input.features[None]}
+        expected = contrastive_search(family.model, prompt, 4, 0.6, MAX_NEW, EOS, encoder_inputs=inputs)
+        assert harness.token_ids("r") == expected, (family.name, number)

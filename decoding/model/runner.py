@@ -192,9 +192,11 @@ class ModelRunner:
         if layer == self.num_layers:
 
             def after_norm(module, args, output):  # noqa: ANN001, ANN202
-                into[layer] = output
+                into[layer] = output[0] if isinstance(output, tuple) else output
 
-            return _Removable(self.norm.register_forward_hook(after_norm))
+            # a decoder with no final norm (Bart's, Marian's): the last layer's output is the last state
+            last = self.layers[-1] if isinstance(self.norm, torch.nn.Identity) else self.norm
+            return _Removable(last.register_forward_hook(after_norm))
 
         def before_layer(module, args, kwargs):  # noqa: ANN001, ANN202
             into[layer] = args[0] if args else kwargs["hidden_states"]
