@@ -14,6 +14,7 @@ from enum import Enum
 
 from decoding.params.structured import StructuredOutput
 from decoding.params.watermarking import WatermarkingConfig
+from decoding.params.whisper import WhisperRules
 
 
 class Strategy(str, Enum):
@@ -103,6 +104,8 @@ class GenerationParams:
     thinking_budget: int | None = None  # the reply's tokens before the thinking must end (params/thinking.py)
     thinking_end_ids: list[int] | None = None  # the end tag's ids (``</think>``), forced one by one
     thinking_start_ids: list[int] | None = None  # the opening tag's ids; None: the prompt opened the thinking
+    # --- Whisper's own suppressions and timestamp rules, set by the audio API (params/whisper.py) ---
+    whisper: WhisperRules | None = None
     # --- LoRA adapters (issue 42): the adapter a request's ``model`` names; None runs the base model ---
     lora_name: str | None = None
     # --- scheduling (issue 55; decoding/engine/policy.py): who runs first, and whose share it counts in ---

@@ -29,6 +29,7 @@ from decoding.sampling.nucleus import top_p
 from decoding.sampling.row_state import RowSamplingState
 from decoding.sampling.thinking import force_thinking_ends
 from decoding.sampling.watermark import WatermarkProcessor
+from decoding.sampling.whisper_rules import apply_whisper_rules
 
 NEG_INF = float("-inf")
 
@@ -111,6 +112,8 @@ class SamplingBatch:
         self.needs_processing = self.needs_processing or bool(self.grammar_rows)
         self.thinking_rows = [i for i, r in enumerate(rows) if r.thinking is not None]
         self.needs_processing = self.needs_processing or bool(self.thinking_rows)
+        self.whisper_rows = [i for i, r in enumerate(rows) if r.params.whisper is not None]
+        self.needs_processing = self.needs_processing or bool(self.whisper_rows)
 
     @classmethod
     def from_rows(
@@ -176,6 +179,10 @@ class SamplingBatch:
         ):
             if knob is not None:
                 scores[knob.rows] = op(scores[knob.rows], knob.values, self.min_tokens_to_keep)
+        # Whisper's suppressions and timestamp rules: after the warpers, as its generate() appends them
+        if self.whisper_rows:
+            rows = [self.rows[i] for i in self.whisper_rows]
+            apply_whisper_rules(scores, self.whisper_rows, [r.history for r in rows], [r.params.whisper for r in rows])
         # WatermarkLogitsProcessor (HF 5: after the processors and the warpers, before
         # LogitNormalization; see _get_logits_processor, transformers#34630)
         if self.watermark is not None:
