@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError
 from decoding.params.model_checks import ModelFacts, check_against_model, check_text_size
+from decoding.transcripts import TranscriptionJob, TranscriptionUpdate
 
 
 class QueueFullError(RuntimeError):
@@ -190,3 +191,11 @@ class EngineClient(ABC):
 
     @abstractmethod
     async def abort(self, request_id: str) -> None: ...
+
+    def transcribe(self, request_id: str, job: TranscriptionJob) -> AsyncIterator[TranscriptionUpdate]:
+        """Transcribe (or translate) ``job``'s audio: updates as the text is decoded, the last one
+        ``done``. Raises ``ParameterError`` naming the field the model or the file cannot serve (``file``
+        for audio that cannot be decoded, ``model`` for a model that does not take audio), and the
+        errors ``generate`` raises."""
+        raise ParameterError(f"model '{self.model_name}' does not transcribe speech", param="model",
+                             code="model_not_supported")  # fmt: skip

@@ -16,7 +16,7 @@ PACKAGES = ("decoding", "server")
 DECODING_LAYERS = (
     ("decoding.outputs", "decoding.config", "decoding.telemetry"),
     ("decoding.params",),
-    ("decoding.client_api", "decoding"),  # the torch-free facade the server imports
+    ("decoding.client_api", "decoding.transcripts", "decoding"),  # the torch-free facade the server imports
     ("decoding.structured",),
     ("decoding.text",),
     ("decoding.kv",),
