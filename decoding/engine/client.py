@@ -21,13 +21,16 @@ from typing import TypeVar
 
 from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
 from decoding.engine.lora_catalog import LoadsLoras, LoraCatalog
+from decoding.engine.transcription import Transcriber
 from decoding.engine.worker import Worker
+from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
 from decoding.params.model_checks import ModelFacts
 from decoding.structured.compiler import CompiledGrammar, GrammarCompiler
 from decoding.telemetry import EngineObserver
 from decoding.text.template_mends import mend_chat_template
+from decoding.transcripts import TranscriptionJob, TranscriptionUpdate
 
 T = TypeVar("T")
 logger = logging.getLogger(__name__)
@@ -123,6 +126,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         # structured outputs compile on a thread of their own: a slow grammar never delays tokenizing
         self._compiler = compiler
         self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
+        self.transcriber: Transcriber | None = None  # a Whisper model's (launch.start_engine_client sets it)
         if compiler is not None:  # llguidance's view of the vocabulary, built now rather than at the first
             # constraint: for a 150k-token vocabulary (Qwen 2.5) it takes seconds on a busy CPU
             self._compile_thread.submit(compiler.tokenizer).add_done_callback(_log_tokenizer_failure)
@@ -261,9 +265,10 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         return params.replace(compiled_grammar=compiled)
 
     # ---- generation ----------------------------------------------------------------------------------
-    def generate(
-        self, request_id: str, prompt_ids: list[int], params: GenerationParams
-    ) -> AsyncIterator[RequestOutput]:
+    def generate(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
+                 encoder_input: EncoderInput | None = None) -> AsyncIterator[RequestOutput]:  # fmt: skip
+        """``encoder_input``: an encoder-decoder model's encoder input, ``prompt_ids`` then its decoder's
+        prompt (the transcription's windows: ``engine/transcription.py``)."""
         if self._default_assistant is not None and params.strategy in (Strategy.GREEDY, Strategy.SAMPLE):
             params = params.replace(assistant_model=self._default_assistant)  # --default-assistant
         with self._lock:
@@ -285,11 +290,16 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
                     pass
 
             self._in_flight.add(request_id)
-            self.worker.submit(request_id, list(prompt_ids), params, sink)
+            self.worker.submit(request_id, list(prompt_ids), params, sink, encoder_input)
         return OutputStream(request_id, outputs, self.worker.abort, on_end=self._ended)
 
     async def abort(self, request_id: str) -> None:
         self.worker.abort(request_id)
+
+    def transcribe(self, request_id: str, job: TranscriptionJob) -> AsyncIterator[TranscriptionUpdate]:
+        if self.transcriber is None:
+            return super().transcribe(request_id, job)
+        return self.transcriber.run(request_id, job)
 
     async def shutdown(self, drain_timeout: float = 30.0) -> None:
         """Stop admitting, let in-flight requests finish up to ``drain_timeout``, then stop.

@@ -25,6 +25,7 @@ from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
 from decoding.engine.lora import LoraLimits
 from decoding.engine.prebuild import start_builds
+from decoding.engine.transcription import whisper_transcriber
 from decoding.engine.warmup import warm_up
 from decoding.engine.worker import Worker
 from decoding.kv.memory import kv_cache_bytes
@@ -91,7 +92,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_chars_per_token=max_chars_per_token(loaded.tokenizer),
         **seq2seq_facts(loaded.model),
     )
-    return WorkerEngineClient(
+    client = WorkerEngineClient(
         worker,
         loaded.tokenizer,
         served_name=config.served_model_name or loaded.served_name,
@@ -108,6 +109,10 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         observer=observer,
         max_loaded_loras=config.max_loaded_loras,
     )
+    # speech to text on a Whisper model: each window of audio one request (engine/transcription.py)
+    client.transcriber = whisper_transcriber(loaded.model, thread_copy(loaded.tokenizer), loaded.eos_token_ids[0],
+                                             client.generate, config.max_audio_seconds)  # fmt: skip
+    return client
 
 
 def _served(name: str, role: str, loaded: LoadedModel, built: _Built, config: EngineConfig) -> ServedModel:

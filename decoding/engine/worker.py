@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
 
@@ -48,6 +49,7 @@ class _Submit:
     prompt_ids: list[int]
     params: GenerationParams
     sink: Sink
+    encoder_input: EncoderInput | None = None  # an encoder-decoder request's (Whisper's features)
 
 
 @dataclass
@@ -108,13 +110,14 @@ class Worker:
         return built["worker"], built["extra"]
 
     # ---- called from any thread ----------------------------------------------------------------
-    def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, sink: Sink) -> None:
+    def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, sink: Sink,
+               encoder_input: EncoderInput | None = None) -> None:  # fmt: skip
         """Queue a request; if the loop has already ended, ``sink`` gets its "unavailable" output at once.
 
         The loop marks itself stopped before it empties the inbox for the last time, so a command
         put after that is seen here, and one put before is seen there: none is left behind.
         """
-        self._inbox.put(_Submit(request_id, prompt_ids, params, sink))
+        self._inbox.put(_Submit(request_id, prompt_ids, params, sink, encoder_input))
         if self._stopped.is_set():
             self._fail_inbox(self._end_message)
 
@@ -171,7 +174,8 @@ class Worker:
         if isinstance(command, _Submit):
             self._sinks[command.request_id] = command.sink
             try:
-                self.engine.add_request(command.request_id, command.prompt_ids, command.params)
+                extra = {} if command.encoder_input is None else {"encoder_input": command.encoder_input}
+                self.engine.add_request(command.request_id, command.prompt_ids, command.params, **extra)
             except Exception as exc:  # bad request state must not kill the worker
                 logger.exception("could not add request %s", command.request_id)
                 self._dispatch(
