@@ -12,20 +12,20 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 
 import torch
 
 from decoding.custom.jobs import CustomJobs
 from decoding.custom.loading import LoadedMethod
-from decoding.engine import prefill, sample_stage
+from decoding.engine import forward_stage, prefill, sample_stage
 from decoding.engine.drafting import Drafter
 from decoding.engine.encoder_stage import EncoderStage
+from decoding.engine.forward_stage import Fed, by_request
 from decoding.engine.limits import EngineLimits, assistant_drafters, kv_pool_for
 from decoding.engine.lora import EngineLoras, LoraLimits, check_adapter
 from decoding.engine.scheduler import Scheduler
 from decoding.kv.pool import OutOfBlocksError
-from decoding.model.runner import ModelRunner, RowInput
+from decoding.model.runner import ModelRunner
 from decoding.model.seq2seq import EncoderInput, is_encoder_decoder
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
@@ -38,15 +38,6 @@ from decoding.telemetry import EngineObserver
 from decoding.text.detokenizer import token_text
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class _Fed:
-    """One row of this step's forward: whose it is, what it fed, whether it is a prompt chunk."""
-
-    strategy: DecodingStrategy
-    row_input: RowInput
-    prompt: bool
 
 
 class Engine:
@@ -194,56 +185,31 @@ class Engine:
             for job in jobs:
                 job.spec.drafts = []
 
-    def _plan(self) -> list[_Fed]:
-        batch = [_Fed(s, row_input, False) for s in self._prefilled() for row_input in s.plan()]
+    def _plan(self) -> list[Fed]:
+        batch = [Fed(s, row_input, False) for s in self._prefilled() for row_input in s.plan()]
         budget = self.scheduler.prefill_budget(sum(len(fed.row_input.token_ids) for fed in batch))
         for strategy in self.scheduler.stepping():
             if strategy.request.prefill_done or budget <= 0:
                 continue
             chunk = prefill.next_chunk(strategy, budget)
-            batch.append(_Fed(strategy, chunk, True))
+            batch.append(Fed(strategy, chunk, True))
             budget -= len(chunk.token_ids)
         return batch
 
-    def _make_room(self, batch: list[_Fed]) -> list[_Fed]:
+    def _make_room(self, batch: list[Fed]) -> list[Fed]:
         """Every row of the step gets the blocks it writes; preempted requests leave the step."""
         while (too_big := self.scheduler.make_room([(f.strategy, f.row_input) for f in batch])) is not None:
             self._fail(*too_big)
         running = {id(strategy) for strategy in self.scheduler.running}
         return [fed for fed in batch if id(fed.strategy) in running]
 
-    def _forward(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
-        started = time.perf_counter()
-        try:
-            logits = self.runner.forward([fed.row_input for fed in batch])
-        except Exception:
-            logger.exception("batched forward failed; retrying request by request")
-            return self._forward_isolating(batch)
-        elapsed = time.perf_counter() - started  # a step's cost, the unit drafting time is weighed in
-        previous = self.ctx.step_seconds
-        self.ctx.step_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed
-        return batch, logits
+    def _forward(self, batch: list[Fed]) -> tuple[list[Fed], list[torch.Tensor]]:
+        return forward_stage.run(self.runner, self.ctx, batch, self._fail)
 
-    def _forward_isolating(self, batch: list[_Fed]) -> tuple[list[_Fed], list[torch.Tensor]]:
-        """Find who broke a batched forward: one forward per request, fail only those that raise.
-
-        Safe to repeat: a failed forward wrote K/V only beyond every row's committed length.
-        """
-        kept, kept_logits = [], []
-        for strategy, mine in _by_request(batch):
-            try:
-                logits = self.runner.forward([fed.row_input for fed in mine])
-            except Exception as exc:
-                self._fail(strategy, f"forward failed: {exc}")
-                continue
-            kept.extend(mine)
-            kept_logits.extend(logits)
-        return kept, kept_logits
-
-    def _consume(self, batch: list[_Fed], all_logits: list[torch.Tensor]) -> list[Pick]:
+    def _consume(self, batch: list[Fed], all_logits: list[torch.Tensor]) -> list[Pick]:
         logits_of = {id(fed): logits for fed, logits in zip(batch, all_logits, strict=True)}
         picks: list[Pick] = []
-        for strategy, mine in _by_request(batch):
+        for strategy, mine in by_request(batch):
             try:
                 decode = [(fed.row_input, logits_of[id(fed)]) for fed in mine if not fed.prompt]
                 if decode:
@@ -304,11 +270,3 @@ class Engine:
 
     def _token_text(self, token_id: int) -> str:
         return token_text(self.tokenizer, token_id)
-
-
-def _by_request(batch: list[_Fed]) -> list[tuple[DecodingStrategy, list[_Fed]]]:
-    """The batch's rows grouped by request, in first-appearance order."""
-    groups: dict[int, tuple[DecodingStrategy, list[_Fed]]] = {}
-    for fed in batch:
-        groups.setdefault(id(fed.strategy), (fed.strategy, []))[1].append(fed)
-    return list(groups.values())
