@@ -35,6 +35,9 @@ class EngineObserver:
     def on_grammar_compiled(self, cached: bool, seconds: float) -> None:
         """A structured output's constraint was compiled (``seconds``) or found compiled (``cached``)."""
 
+    def on_transcribed(self, audio_seconds: float, seconds: float) -> None:
+        """A transcription or translation of ``audio_seconds`` of audio finished after ``seconds``."""
+
     def on_grammar_failed(self, reason: str) -> None:
         """A request's constraint could not go on (``reason``: "error", its matcher's error state, or
         "budget", its masks over their time budget): the request failed with a 400."""

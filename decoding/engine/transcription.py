@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ import torch
 from decoding.model.seq2seq import EncoderInput
 from decoding.params import GenerationParams, ParameterError
 from decoding.params.whisper import WhisperRules
+from decoding.telemetry import EngineObserver
 from decoding.text.whisper_windows import FRAMES_PER_WINDOW, compression_ratio, window_segments
 from decoding.transcripts import TranscriptionJob, TranscriptionUpdate, TranscriptSegment, TranscriptToken
 
@@ -64,6 +66,7 @@ class Transcriber:
         self.submit = submit
         self.off_loop = off_loop
         self.max_seconds = max_seconds
+        self.observer = EngineObserver()  # the client's (metrics: audio seconds, real-time factor)
         vocab = tokenizer.get_vocab()
         self.sot = vocab["<|startoftranscript|>"]
         self.previous = vocab["<|startofprev|>"]
@@ -73,6 +76,7 @@ class Transcriber:
         self.languages = {token[2:-2]: i for token, i in vocab.items() if token in _LANGUAGE_TOKENS}
 
     async def run(self, request_id: str, job: TranscriptionJob) -> AsyncIterator[TranscriptionUpdate]:
+        started = time.monotonic()
         samples, mel = await self.off_loop(lambda: self._features(job.audio))
         frames = len(samples) // HOP
         language = await self._language(request_id, job, mel)
@@ -111,6 +115,7 @@ class Transcriber:
                 yield TranscriptionUpdate(text=piece.text, segment=segment, logprobs=tokens)
             # the next window continues from this one's text, unless it was sampled hot (openai-whisper)
             prior = [] if decoded.temperature > 0.5 else (prior + decoded.tokens)[-PREVIOUS_TEXT_TOKENS:]
+        self.observer.on_transcribed(len(samples) / SAMPLE_RATE, time.monotonic() - started)
         yield TranscriptionUpdate(
             done=True, language=_LANGUAGE_NAMES.get(language, language), duration=round(len(samples) / SAMPLE_RATE, 3),
             segments=segments, audio_tokens=number * FRAMES_PER_WINDOW // 2, output_tokens=generated,

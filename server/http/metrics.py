@@ -53,6 +53,9 @@ METRIC_DOCS = {
     "decoda_lora_requests_info": "LoRA adapters in use, as vLLM's lora_requests_info (gauge, its value the time "
     "of the last change; labels running_lora_adapters and waiting_lora_adapters: comma-separated adapter names "
     "running requests use and waiting ones need, max_lora: --max-loras)",
+    "decoda_audio_seconds_total": "seconds of audio transcribed or translated (counter)",
+    "decoda_transcription_real_time_factor": "a transcription's wall time over its audio's duration, below 1 "
+    "faster than real time (histogram)",
     "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
     "template such as /v1/completions, or unmatched; status: the code, such as 200 or 401)",
 }
@@ -128,6 +131,11 @@ class Metrics(EngineObserver):
         self.grammar_failures = Counter(
             "decoda_structured_output_failures", doc("decoda_structured_output_failures_total"), ["reason"], registry=r
         )
+        self.audio_seconds = Counter("decoda_audio_seconds", doc("decoda_audio_seconds_total"), registry=r)
+        self.real_time_factor = Histogram(
+            "decoda_transcription_real_time_factor", doc("decoda_transcription_real_time_factor"),
+            buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0), registry=r,
+        )  # fmt: skip
         self.lora_info = Gauge(
             "decoda_lora_requests_info", doc("decoda_lora_requests_info"),
             ["running_lora_adapters", "waiting_lora_adapters", "max_lora"], registry=r,
@@ -183,6 +191,11 @@ class Metrics(EngineObserver):
 
     def on_grammar_failed(self, reason: str) -> None:
         self.grammar_failures.labels(reason).inc()
+
+    def on_transcribed(self, audio_seconds: float, seconds: float) -> None:
+        self.audio_seconds.inc(audio_seconds)
+        if audio_seconds > 0:
+            self.real_time_factor.observe(seconds / audio_seconds)
 
     def on_cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
         self.cache_config = (block_size, num_blocks, prefix_caching)
