@@ -88,6 +88,24 @@ export async function* streamChat(body, signal) {
     body: JSON.stringify(body),
     signal,
   });
+  yield* events(response);
+}
+
+// A multipart form to an audio route (/v1/audio/transcriptions or translations): the answer as text
+// (json, text, srt, vtt or verbose_json, as the form's response_format asked), or, with stream=true,
+// its events one by one.
+export async function postForm(path, form, signal) {
+  const response = await fetch(path, { method: "POST", headers: headers(false), body: form, signal });
+  if (!response.ok) throw await errorOf(response);
+  return response.text();
+}
+
+export async function* streamForm(path, form, signal) {
+  const response = await fetch(path, { method: "POST", headers: headers(false), body: form, signal });
+  yield* events(response);
+}
+
+async function* events(response) {
   if (!response.ok) throw await errorOf(response);
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";

@@ -5,6 +5,7 @@ import { getApiKey, getJSON, serverSpec, setApiKey } from "./api.js";
 import { OPTIONAL_GROUPS } from "./knobs.js";
 import { Pane } from "./pane.js";
 import { anthropicSnippet, curlSnippet, pythonSnippet } from "./snippets.js";
+import { TranscribePane } from "./transcribe.js";
 
 const $ = (selector) => document.querySelector(selector);
 
@@ -37,6 +38,10 @@ async function loadServer() {
     server.assistants = models.filter((m) => m.role === "assistant").map((m) => m.id);
     $("#model-name").textContent = server.model || "no model";
     notice("");
+    if (target && target.task === "automatic-speech-recognition") {
+      showTranscription();
+      return;
+    }
   } catch (err) {
     $("#model-name").textContent = "not connected";
     if (err.status === 401) {
@@ -67,6 +72,16 @@ async function loadServer() {
     }
   }
   for (const pane of panes) pane.settings.render();
+  document.body.dataset.ready = "true";
+}
+
+// A speech model: the transcription pane replaces chat, its composer and compare mode.
+function showTranscription() {
+  if (document.body.dataset.task === "speech") return;
+  document.body.dataset.task = "speech";
+  const container = $("#panes");
+  container.replaceChildren(new TranscribePane(server).root);
+  for (const hidden of [".composer", ".modes", ".system"]) $(hidden).hidden = true;
   document.body.dataset.ready = "true";
 }
 
