@@ -18,7 +18,7 @@ DECODING_LAYERS = (
     ("decoding.params",),
     ("decoding.client_api", "decoding.transcripts", "decoding"),  # the torch-free facade the server imports
     ("decoding.structured",),
-    ("decoding.text",),
+    ("decoding.text", "decoding.audio"),  # what comes in and goes out: text, and uploaded audio decoded
     ("decoding.kv",),
     ("decoding.model",),
     ("decoding.sampling",),

