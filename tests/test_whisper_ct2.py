@@ -202,3 +202,16 @@ def test_installed_wheels_are_joined_once_with_their_side_files(
     assert sorted(p.name for p in folder.iterdir()) == sorted(FILES)
     assert whisper_ct2_folder(packaged, tmp_path / "cache") == folder
     assert [p.name for p in (tmp_path / "cache" / "ct2").iterdir()] == [folder.name]  # no temporary left
+
+
+def test_the_short_name_loads_the_converted_folder(converted) -> None:
+    """``--model whisper-base``: the cached folder, loaded as any Whisper folder; no GGUF mode for it."""
+    from decoding.model.loading import load_model
+    from decoding.model.registry import ModelLoadError
+
+    loaded = load_model("whisper-base", cache_dir=str(CACHE))
+    assert loaded.architecture == "WhisperForConditionalGeneration" and loaded.served_name == "whisper-base"
+    assert loaded.eos_token_ids == [50257] and loaded.max_position_embeddings == 448
+    assert len(loaded.tokenizer) == 51865 and loaded.quantization == "none"
+    with pytest.raises(ModelLoadError, match="--quantization gguf needs a model loaded from a GGUF file"):
+        load_model("whisper-base", cache_dir=str(CACHE), quantization="gguf")
