@@ -56,13 +56,12 @@ def files() -> dict[str, bytes]:
 
 @pytest.mark.parametrize("suffix", [suffix for _, _, suffix in FORMATS])
 def test_each_format_decodes_to_16k_mono_of_its_length(files: dict[str, bytes], suffix: str) -> None:
-    decoded = decode_audio(files[suffix])
-    assert decoded.sampling_rate == 16_000 and decoded.samples.dtype == np.float32 and decoded.samples.ndim == 1
-    # lossy codecs pad a frame or two of priming at the ends: within 60 ms
-    assert decoded.duration_s == pytest.approx(SECONDS, abs=0.06)
-    assert decoded.samples.size == pytest.approx(SECONDS * 16_000, abs=0.06 * 16_000)
+    samples = decode_audio(files[suffix])
+    assert samples.dtype == np.float32 and samples.ndim == 1
+    # 16 kHz: lossy codecs pad a frame or two of priming at the ends, within 60 ms
+    assert samples.size == pytest.approx(SECONDS * 16_000, abs=0.06 * 16_000)
     # both channels are in the mix: the spectrum has 440 Hz and 660 Hz
-    middle = decoded.samples[4000:20000]
+    middle = samples[4000:20000]
     spectrum = np.abs(np.fft.rfft(middle))
     freqs = np.fft.rfftfreq(middle.size, 1 / 16_000)
     peaks = sorted(freqs[np.argsort(spectrum)[-2:]])
@@ -73,9 +72,9 @@ def test_wav_samples_are_the_downmix_resampled() -> None:
     """PCM in, PCM out: the mono mix of a tone equal on both channels is the tone itself at 16 kHz."""
     t = np.arange(RATE) / RATE
     tone = (0.5 * np.sin(2 * np.pi * 300 * t)).astype(np.float32)
-    decoded = decode_audio(encode("wav", "pcm_s16le", np.stack([tone, tone])))
+    samples = decode_audio(encode("wav", "pcm_s16le", np.stack([tone, tone])))
     expected = 0.5 * np.sin(2 * np.pi * 300 * np.arange(16_000) / 16_000)
-    assert np.max(np.abs(decoded.samples[200:-200] - expected[200:-200])) < 0.02
+    assert samples.size == 16_000 and np.max(np.abs(samples[200:-200] - expected[200:-200])) < 0.02
 
 
 @pytest.mark.parametrize(
@@ -129,7 +128,7 @@ def test_over_the_duration_limit_is_counted_from_the_decoded_frames() -> None:
     assert len(bomb) < 100_000
     with pytest.raises(AudioInputError, match="longer than the limit of 5 seconds"):
         decode_audio(bomb, max_seconds=5)
-    assert decode_audio(bomb, max_seconds=301).duration_s == pytest.approx(300, abs=0.1)
+    assert decode_audio(bomb, max_seconds=301).size == pytest.approx(300 * 16_000, abs=1_600)
 
 
 def test_only_the_containers_of_openais_formats_are_read() -> None:

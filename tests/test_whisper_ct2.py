@@ -65,7 +65,7 @@ def clips(tmp_path_factory) -> list[np.ndarray]:
     audio = []
     for i, text in enumerate(CLIPS):
         subprocess.run(["espeak-ng", "-w", str(folder / f"{i}.wav"), text], check=True, timeout=60)
-        audio.append(decode_audio((folder / f"{i}.wav").read_bytes()).samples)
+        audio.append(decode_audio((folder / f"{i}.wav").read_bytes()))
     return audio
 
 

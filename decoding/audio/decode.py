@@ -22,7 +22,6 @@ one of the containers those formats use (``DEMUXERS``), so a playlist cannot mak
 from __future__ import annotations
 
 import io
-from dataclasses import dataclass
 
 import av
 import numpy as np
@@ -44,19 +43,11 @@ class AudioInputError(ValueError):
         self.reason = reason
 
 
-@dataclass
-class DecodedAudio:
-    samples: np.ndarray  # float32, mono, ``sampling_rate`` per second, in [-1, 1)
-    sampling_rate: int
-    duration_s: float  # the decoded audio's length (its frames', at their own rate)
-    container: str  # FFmpeg's name of the format it was read as, e.g. "ogg", "mov,mp4,m4a,3gp,3g2,mj2"
-    codec: str  # the audio stream's codec, e.g. "opus"
-
-
 def decode_audio(
     data: bytes, *, max_bytes: int = MAX_BYTES, max_seconds: float = MAX_SECONDS, sampling_rate: int = SAMPLING_RATE
-) -> DecodedAudio:
-    """``data`` (a whole file in any format FFmpeg reads) as mono float32 at ``sampling_rate``."""
+) -> np.ndarray:
+    """``data`` (a whole file in any format listed above) as mono float32 samples at ``sampling_rate``,
+    in [-1, 1); its duration is ``len(samples) / sampling_rate``."""
     if not data:
         raise AudioInputError("the file is empty")
     if len(data) > max_bytes:
@@ -68,19 +59,19 @@ def decode_audio(
     except (av.FFmpegError, ValueError) as error:
         raise AudioInputError(f"the file is not audio in a format this server reads ({_why(error)})") from error
     with container:
+        name = container.format.name
         if not container.streams.audio:
-            raise AudioInputError(f"the file ({container.format.name}) has no audio stream")
+            raise AudioInputError(f"the file ({name}) has no audio stream")
         stream = container.streams.audio[0]
         codec = stream.codec_context.name
-        samples, duration = _decode(container, stream, max_seconds, sampling_rate)
-        name = container.format.name
+        samples = _decode(container, stream, max_seconds, sampling_rate)
     if samples.size == 0:
         raise AudioInputError(f"the file ({name}, {codec}) holds no decodable audio")
-    return DecodedAudio(samples, sampling_rate, duration, name, codec)
+    return samples
 
 
 def _decode(container: av.container.InputContainer, stream: av.AudioStream, max_seconds: float,
-            sampling_rate: int) -> tuple[np.ndarray, float]:  # fmt: skip
+            sampling_rate: int) -> np.ndarray:  # fmt: skip
     """Decode frame by frame, counting the input's seconds; stop at the first frame past the limit."""
     resampler = av.AudioResampler(format="s16", layout="mono", rate=sampling_rate)
     pieces: list[np.ndarray] = []
@@ -99,7 +90,7 @@ def _decode(container: av.container.InputContainer, stream: av.AudioStream, max_
             raise
         raise AudioInputError(f"the audio could not be decoded ({_why(error)})") from error
     samples = np.concatenate(pieces) if pieces else np.zeros(0, np.int16)
-    return samples.astype(np.float32) / 32768.0, seconds
+    return samples.astype(np.float32) / 32768.0
 
 
 def _why(error: Exception) -> str:
