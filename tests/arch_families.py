@@ -278,8 +278,8 @@ REFUSED: list[Family] = [
         refused="does not implement",
     ),
     Family(
-        "t5", _cfg("T5Config", vocab_size=VOCAB, d_model=64, num_layers=2), "encoder-decoder, relative position bias",
-        refused="relative position bias"
+        "umt5", _cfg("UMT5Config", vocab_size=VOCAB, d_model=64, num_layers=2),
+        "encoder-decoder, a relative position bias per layer", refused="relative position bias per layer"
     ),
 ]
 

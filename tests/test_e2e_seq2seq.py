@@ -1,4 +1,4 @@
-"""Encoder-decoder text models served end to end: ``decoda serve --model FOLDER`` on a Bart and a Marian
+"""Encoder-decoder text models served end to end: ``decoda serve --model FOLDER`` on a Bart, a Marian and a T5
 folder (tiny random models with a word-level tokenizer, saved as transformers saves them), answered
 through the real ``openai`` client on ``/v1/completions`` (the prompt is the encoder's input) exactly as
 ``generate()`` answers on the same folder; what does not apply to such a model is a 400 naming the field.
@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, PreTrainedTokenizerFast
 
 from tests.shared_servers import SharedServers
-from tests.test_engine_seq2seq import tiny_bart, tiny_marian
+from tests.test_engine_seq2seq import tiny_bart, tiny_marian, tiny_t5
 
 pytestmark = pytest.mark.e2e
 
@@ -39,12 +39,12 @@ def save_folder(model: torch.nn.Module, folder: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """name -> (base URL, folder) for a Bart and a Marian server."""
+    """name -> (base URL, folder) for a Bart, a Marian and a T5 server."""
     root = tmp_path_factory.mktemp("seq2seq")
     servers = SharedServers(root)
     try:
         out = {}
-        for name, build in (("bart", tiny_bart), ("marian", tiny_marian)):
+        for name, build in (("bart", tiny_bart), ("marian", tiny_marian), ("t5", tiny_t5)):
             folder = save_folder(build(), root / name)
             out[name] = (servers.base_url("--model", str(folder), "--max-model-len", "64"), folder)
         yield out
@@ -62,7 +62,7 @@ def reference(folder: Path, **kwargs: object) -> list[str]:
     return tokenizer.batch_decode(out[:, 1:], skip_special_tokens=True)
 
 
-@pytest.mark.parametrize("name", ["bart", "marian"])
+@pytest.mark.parametrize("name", ["bart", "marian", "t5"])
 def test_completions_equal_generate_greedy_and_beams(served, name):
     base, folder = served[name]
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)

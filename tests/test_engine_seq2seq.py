@@ -19,6 +19,8 @@ from transformers import (
     GenerationMixin,
     MarianConfig,
     MarianMTModel,
+    T5Config,
+    T5ForConditionalGeneration,
     WhisperConfig,
     WhisperForConditionalGeneration,
 )
@@ -60,7 +62,15 @@ def tiny_whisper() -> torch.nn.Module:
     return WhisperForConditionalGeneration(config).eval()
 
 
-FAMILIES = {"bart": tiny_bart, "marian": tiny_marian, "whisper": tiny_whisper}
+def tiny_t5() -> torch.nn.Module:
+    torch.manual_seed(3)
+    config = T5Config(vocab_size=VOCAB, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=2,
+                      num_heads=4, relative_attention_num_buckets=8, relative_attention_max_distance=20,
+                      pad_token_id=0, eos_token_id=EOS, decoder_start_token_id=0, initializer_factor=8.0)  # fmt: skip
+    return T5ForConditionalGeneration(config).eval()
+
+
+FAMILIES = {"bart": tiny_bart, "marian": tiny_marian, "t5": tiny_t5, "whisper": tiny_whisper}
 
 
 class Family:

@@ -88,7 +88,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         max_num_beams=config.max_num_beams,
         assistants=tuple(built.assistants),
         custom_methods=tuple(method.info for method in built.custom_methods.values()),
-        bos_token_id=loaded.model.config.bos_token_id,  # HF's detector reads the model config's
+        bos_token_id=getattr(loaded.model.config, "bos_token_id", None),  # HF's detector reads it (T5: none)
         max_chars_per_token=max_chars_per_token(loaded.tokenizer),
         **seq2seq_facts(loaded.model),
     )

@@ -334,8 +334,9 @@ def kv_shape(config: object) -> tuple[int, int, int]:
     narrower values (``v_head_dim``).
     """
     if getattr(config, "is_encoder_decoder", False):  # the decoder's (the generic names are the encoder's)
-        heads = config.decoder_attention_heads
-        return heads, config.d_model // heads, config.d_model // heads
+        heads = getattr(config, "decoder_attention_heads", None) or config.num_heads  # T5: num_heads, d_kv
+        head_dim = getattr(config, "d_kv", None) or config.d_model // heads
+        return heads, head_dim, head_dim
     num_kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     key_dim = getattr(config, "qk_head_dim", None) or head_dim
@@ -347,5 +348,5 @@ def cached_layers(config: object) -> int:
     """Layers whose K/V the pool holds: the decoder's (an encoder-decoder's ``num_hidden_layers`` is its
     encoder's); each also holds its cross-attention's encoder K/V under the request's cross slot."""
     if getattr(config, "is_encoder_decoder", False):
-        return config.decoder_layers
+        return getattr(config, "decoder_layers", None) or config.num_decoder_layers  # T5's num_decoder_layers
     return config.num_hidden_layers

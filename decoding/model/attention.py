@@ -48,7 +48,8 @@ from decoding.kv.paged_attention import (
 from decoding.kv.pool import KVPool
 from decoding.model.compile import LAYER_BUFFER
 from decoding.model.cross_attention import CrossLayout
-from decoding.model.seq2seq import CROSS_LAYER
+from decoding.model.relative_bias import attend_with_relative_bias
+from decoding.model.seq2seq import CROSS_LAYER, RELATIVE_BIAS
 
 ATTENTION_NAME = "decoda"
 LAYOUT_KWARG = "decoda_layout"  # the model forwards this keyword down to every attention call
@@ -253,6 +254,9 @@ def decoda_attention(
         cross = getattr(module, CROSS_LAYER, None)
         if cross is not None:  # the keys and values the module computed are a stand-in's: the pool holds them
             return layout.cross.attend(cross, query, float(scale)), None
+        table = getattr(module, RELATIVE_BIAS, None)
+        if table is not None:  # T5's decoder: each row's relative position bias, from its own positions
+            return attend_with_relative_bias(layout, module.layer_idx, query, key, value, float(scale), table), None
         return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
     layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
     if layer is None:

@@ -60,6 +60,12 @@ class PackedLinear(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         return torch.ops.mkldnn._linear_pointwise(hidden, self.packed, self.bias, "none", [], "")
 
+    @property
+    def weight(self) -> torch.Tensor:
+        """The packed weight: modeling code that reads a linear's ``weight`` for its dtype only (T5's
+        feed-forward casts its input to ``wo.weight.dtype``) finds the served one."""
+        return self.packed
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed=oneDNN"
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 CROSS_LAYER = "decoda_cross_layer"  # on a cross-attention module: its decoder layer's index
+RELATIVE_BIAS = "decoda_relative_bias"  # on T5's decoder self-attention: the module holding the bias table
 
 
 @dataclass
@@ -71,32 +72,50 @@ def seq2seq_facts(model: torch.nn.Module) -> dict[str, Any]:
             "decoder_prompt_len": len(decoder_start_ids(model))}  # fmt: skip
 
 
+# T5 has no position table (its positions are a relative bias): its configs' n_positions, 512, bounds it
+RELATIVE_POSITIONS_DEFAULT = 512
+
+
 def max_decoder_positions(config: Any) -> int | None:
-    """The longest decoder sequence the model has positions for (Whisper's 448)."""
-    return getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)
+    """The longest decoder sequence the model has positions for (Whisper's 448; T5's ``n_positions``)."""
+    return (getattr(config, "max_target_positions", None) or getattr(config, "max_position_embeddings", None)
+            or getattr(config, "n_positions", None) or RELATIVE_POSITIONS_DEFAULT)  # fmt: skip
 
 
 def max_encoder_positions(config: Any) -> int | None:
     """The longest encoder input in tokens (Bart's 1024) or frames after the convolutions (Whisper's 1500)."""
-    return getattr(config, "max_source_positions", None) or getattr(config, "max_position_embeddings", None)
+    return (getattr(config, "max_source_positions", None) or getattr(config, "max_position_embeddings", None)
+            or getattr(config, "n_positions", None) or RELATIVE_POSITIONS_DEFAULT)  # fmt: skip
 
 
 def cross_attention_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
-    """Each decoder layer's cross-attention, in order; a family whose layers hold none by the name these
-    families use (``encoder_attn``) is not served."""
-    layers = decoder_layer_stack(model)
-    modules = [getattr(layer, "encoder_attn", None) for layer in layers]
-    if any(module is None or not hasattr(module, "k_proj") for module in modules):
-        raise ValueError(f"{type(model).__name__}'s decoder layers have no encoder_attn with k_proj/v_proj")
+    """Each decoder layer's cross-attention, in order: Bart's, Marian's and Whisper's ``encoder_attn``,
+    T5's ``EncDecAttention`` (its block's second sub-layer); a family with neither is not served."""
+    modules = [_cross_of(layer) for layer in decoder_layer_stack(model)]
+    if any(module is None for module in modules):
+        raise ValueError(f"{type(model).__name__}'s decoder layers have no encoder_attn (or T5's EncDecAttention) "
+                         "with key and value projections")  # fmt: skip
     return modules
 
 
+def _cross_of(layer: torch.nn.Module) -> torch.nn.Module | None:
+    module = getattr(layer, "encoder_attn", None)
+    if module is None:  # T5: block.layer = [self-attention, cross-attention, feed-forward]
+        sublayers = getattr(layer, "layer", None) or []
+        module = getattr(sublayers[1], "EncDecAttention", None) if len(sublayers) > 1 else None
+    if module is None or not (hasattr(module, "k_proj") or hasattr(module, "k")):
+        return None
+    return module
+
+
 def decoder_layer_stack(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The decoder's layer stack (``decoder.layers`` in every family served here)."""
+    """The decoder's layer stack: ``decoder.layers`` (Bart, Marian, Whisper) or ``decoder.block`` (T5)."""
     decoder = model.get_decoder()
     layers = getattr(decoder, "layers", None)
+    if layers is None:
+        layers = getattr(decoder, "block", None)
     if not isinstance(layers, torch.nn.ModuleList):
-        raise ValueError(f"{type(decoder).__name__} has no layer stack named layers")
+        raise ValueError(f"{type(decoder).__name__} has no layer stack named layers or block")
     return layers
 
 
@@ -106,10 +125,22 @@ def mark_cross_attention(model: torch.nn.Module) -> None:
     for index, module in enumerate(cross_attention_modules(model)):
         setattr(module, CROSS_LAYER, index)
     decoder = model.get_decoder()
-    if not hasattr(decoder, POSITIONS):
+    mark_relative_bias(model)
+    if not hasattr(decoder, POSITIONS) and hasattr(decoder, "embed_positions"):
         positions = PackedPositions()
         decoder.embed_positions.register_forward_pre_hook(positions.hook, with_kwargs=True)
         setattr(decoder, POSITIONS, positions)
+
+
+def mark_relative_bias(model: torch.nn.Module) -> None:
+    """T5: point every decoder self-attention at the first layer's, which holds the relative position
+    bias table all layers share (the attention function computes each packed row's bias from it)."""
+    layers = decoder_layer_stack(model)
+    first = getattr(getattr(layers[0], "layer", [None])[0], "SelfAttention", None)
+    if first is None or not getattr(first, "has_relative_attention_bias", False):
+        return
+    for layer in layers:  # a plain reference, not a registered submodule (it would own its own owner)
+        object.__setattr__(layer.layer[0].SelfAttention, RELATIVE_BIAS, first)
 
 
 class PackedPositions:
@@ -191,9 +222,11 @@ def cross_keys_values(module: torch.nn.Module, hidden: torch.Tensor) -> tuple[to
     """One layer's cross-attention keys and values for an encoder output ``[length, d_model]``, as the
     module computes them: ``[heads, length, head_dim]`` each."""
     length = hidden.shape[0]
-    shape = (1, length, -1, module.head_dim)
-    keys = module.k_proj(hidden[None]).view(shape).transpose(1, 2)[0]
-    values = module.v_proj(hidden[None]).view(shape).transpose(1, 2)[0]
+    head_dim = getattr(module, "head_dim", None) or module.key_value_proj_dim  # T5's d_kv
+    shape = (1, length, -1, head_dim)
+    key_proj, value_proj = (module.k_proj, module.v_proj) if hasattr(module, "k_proj") else (module.k, module.v)
+    keys = key_proj(hidden[None]).view(shape).transpose(1, 2)[0]
+    values = value_proj(hidden[None]).view(shape).transpose(1, 2)[0]
     return keys, values
 
 
@@ -205,13 +238,19 @@ def decoder_logits(
     on the kept positions only, with the bias Bart and Marian add."""
     decoder = model.get_decoder()
     stand_in = torch.zeros((1, 1, model.config.d_model), dtype=next(model.parameters()).dtype, device=input_ids.device)
-    positions: PackedPositions = getattr(decoder, POSITIONS)
-    positions.current = position_ids[0]
+    positions: PackedPositions | None = getattr(decoder, POSITIONS, None)
+    if positions is not None:  # Bart, Marian, Whisper; T5's positions are its attention's relative bias
+        positions.current = position_ids[0]
+        kwargs = {**kwargs, "position_ids": position_ids}
     try:
-        hidden = decoder(input_ids=input_ids, position_ids=position_ids, encoder_hidden_states=stand_in,
-                         use_cache=False, **kwargs).last_hidden_state  # fmt: skip
+        hidden = decoder(input_ids=input_ids, encoder_hidden_states=stand_in, use_cache=False,
+                         **kwargs).last_hidden_state  # fmt: skip
     finally:
-        positions.current = None
-    logits = model.get_output_embeddings()(hidden[:, keep])
+        if positions is not None:
+            positions.current = None
+    hidden = hidden[:, keep]
+    if hasattr(model, "model_dim") and model.config.tie_word_embeddings:  # T5 rescales before its tied head
+        hidden = hidden * (model.model_dim**-0.5)
+    logits = model.get_output_embeddings()(hidden)
     bias = getattr(model, "final_logits_bias", None)
     return logits + bias if bias is not None else logits

@@ -36,7 +36,9 @@ _STATE_FIELDS = ("ssm_state_size", "mamba_d_state", "state_size", "linear_num_va
 _STATEFUL_WORDS = ("mamba", "linear", "conv", "recurrent", "hybrid", "ssm", "rwkv", "delta")
 _PROBE_TOKENS = 7
 # encoder-decoder families whose attention takes a relative position bias as an argument (not served yet)
-_RELATIVE_BIAS_FAMILIES = {"t5", "mt5", "umt5", "longt5", "switch_transformers", "pop2piano", "udop"}
+# encoder-decoder families whose attention Decoda does not run: a relative bias per layer (UMT5), local or
+# transient-global attention (LongT5), and T5 variants not tested here
+_UNSERVED_SEQ2SEQ = {"umt5", "longt5", "switch_transformers", "pop2piano", "udop"}
 # max |ours - eager| over the probe's logits, relative to their largest magnitude, by dtype
 _TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
 
@@ -52,11 +54,11 @@ def check_config(config: Any) -> None:
     """Refuse, before loading weights, what the paged KV cache cannot hold."""
     name = architecture(config)
     if getattr(config, "is_encoder_decoder", False):
-        if getattr(config, "model_type", "") in _RELATIVE_BIAS_FAMILIES:
+        if getattr(config, "model_type", "") in _UNSERVED_SEQ2SEQ:
             raise ModelLoadError(
-                f"architecture {name} is an encoder-decoder model whose attention adds T5's relative position "
-                "bias, which Decoda's paged attention does not compute yet; Bart, mBART, Marian, Pegasus and "
-                "Whisper are served"
+                f"architecture {name} is an encoder-decoder model whose attention Decoda does not run (a relative "
+                "position bias per layer, or local attention); T5, mT5, Bart, mBART, Marian, Pegasus and Whisper "
+                "are served"
             )
         return  # its decoder's layers are checked once loaded (``seq2seq.cross_attention_modules``, check_model)
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
