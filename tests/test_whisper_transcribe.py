@@ -28,6 +28,13 @@ pytestmark = pytest.mark.slow
 SENTENCES = {
     "fox": "The quick brown fox jumps over the lazy dog. Speech recognition is working today.",
     "weather": "Tomorrow will be sunny in the morning, with light rain expected in the evening.",
+    # about 40 s: more than one 30 s window
+    "long": "Our story begins in a small village by the sea. Every morning the fishermen pushed their boats "
+    "into the cold water and sailed out past the harbour wall. The children watched them from the hill, "
+    "counting the sails until they disappeared. In the afternoon the market filled with voices, baskets of "
+    "bread, and the smell of fresh fish. When the sun went down, the lights of the houses came on one by one. "
+    "The old lighthouse keeper climbed the stairs and lit the great lamp. Ships far away saw the light and "
+    "knew that they were close to home. Finally the whole village slept, and only the waves kept talking.",
 }
 
 
@@ -123,3 +130,16 @@ def test_audio_that_is_not_audio_is_a_400_naming_file(client):
 
 def test_paths_are_what_the_module_says(clips):
     assert set(clips) == set(SENTENCES) and Path(__file__).name == "test_whisper_transcribe.py"
+
+
+def test_audio_longer_than_a_window_is_transcribed_window_after_window(client, clips):
+    """Long-form: each window starts where the previous one's last timestamp said, and continues from its
+    text; the segments run past 30 s and the transcript holds the first and the last sentence."""
+    params = GenerationParams(max_new_tokens=448)
+    updates = transcribe(client, TranscriptionJob(audio=clips["long"], params=params, language="en",
+                                                  timestamps=True))  # fmt: skip
+    done = updates[-1]
+    assert done.duration > 30.0 and done.audio_tokens >= 2 * 1500  # two windows at least
+    assert done.segments[-1].end > 30.0 and len({s.seek for s in done.segments}) >= 2
+    text = "".join(s.text for s in done.segments).lower()
+    assert "small village by the sea" in text and "waves" in text
