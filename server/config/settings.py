@@ -108,6 +108,9 @@ class Settings:
         default=4, metadata={"help": "LoRA adapters resident at once (more stay loaded and take turns, LRU)"}
     )
     max_lora_rank: int = field(default=16, metadata={"help": "highest LoRA rank served; a higher one is refused"})
+    max_audio_seconds: float = field(
+        default=3600.0, metadata={"help": "longest audio a transcription decodes; longer is a 400 naming file"}
+    )
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     model_index_url: str | None = field(
@@ -289,6 +292,7 @@ class Settings:
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
             max_loaded_loras=self.max_loaded_loras,
+            max_audio_seconds=self.max_audio_seconds,
         )
 
     def check(self) -> None:
@@ -312,6 +316,8 @@ class Settings:
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {self.lora_dir}: no such folder")
         self.check_lora_loading()
+        if self.max_audio_seconds <= 0:
+            raise ValueError(f"max_audio_seconds must be > 0, got {self.max_audio_seconds}")
         if self.responses_lease <= 0:
             raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
