@@ -64,8 +64,8 @@ def _probe_input(model: torch.nn.Module, device: torch.device) -> EncoderInput:
     mel_bins = getattr(model.config, "num_mel_bins", None)
     if mel_bins:
         frames = 2 * model.config.max_source_positions  # Whisper's encoder takes exactly its 30 s window
-        generator = torch.Generator().manual_seed(0)
-        return EncoderInput(features=torch.randn(mel_bins, frames, generator=generator))
+        generator = torch.Generator(device=device).manual_seed(0)
+        return EncoderInput(features=torch.randn(mel_bins, frames, generator=generator, device=device))
     return EncoderInput(token_ids=[(7 * i + 3) % model.config.vocab_size for i in range(9)])
 
 
