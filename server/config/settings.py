@@ -8,7 +8,7 @@ What a value must satisfy beyond its type is checked once at start (``Settings.c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from decoding import EngineConfig
@@ -108,9 +108,7 @@ class Settings:
         default=4, metadata={"help": "LoRA adapters resident at once (more stay loaded and take turns, LRU)"}
     )
     max_lora_rank: int = field(default=16, metadata={"help": "highest LoRA rank served; a higher one is refused"})
-    max_audio_seconds: float = field(
-        default=3600.0, metadata={"help": "longest audio a transcription decodes; longer is a 400 naming file"}
-    )
+    max_audio_seconds: float = field(default=3600.0, metadata={"help": "longest audio a transcription decodes"})
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     model_index_url: str | None = field(
@@ -261,39 +259,17 @@ class Settings:
         return [k for k in dict.fromkeys(k.strip() for k in (self.admin_api_key or "").split(",")) if k]
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig(
-            model=self.model,
-            served_model_name=self.served_model_name,
-            dtype=self.dtype,
-            quantization=self.quantization,
-            device=self.device,
-            compile=self.compile,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_num_seqs,
-            kv_cache_memory=self.kv_cache_memory,
-            block_size=self.block_size,
-            prefix_caching=self.prefix_caching,
-            max_num_batched_tokens=self.max_num_batched_tokens,
-            max_queue=self.max_queue,
-            request_timeout=self.request_timeout or None,
-            max_num_beams=self.max_num_beams,
-            assistant_models=parse_assistants(self.assistant_model),
-            default_assistant=self.default_assistant,
-            custom_generate=parse_custom_generate(self.custom_generate),
-            trust_remote_code=self.trust_remote_code,
-            num_threads=self.num_threads,
-            cache_dir=self.cache_dir,
-            model_index_url=self.model_index_url,
-            chat_template=self.chat_template,
-            tool_chat_template=shipped_tool_template(),
-            lora_modules=parse_lora_modules(self.lora_modules),
-            caller_weights=self.caller_weights_table(),
-            lora_dir=self.lora_dir,
-            max_loras=self.max_loras,
-            max_lora_rank=self.max_lora_rank,
-            max_loaded_loras=self.max_loaded_loras,
-            max_audio_seconds=self.max_audio_seconds,
-        )
+        """The engine's part: ``EngineConfig``'s fields of the same name as they are, and those whose
+        values the engine takes parsed (assistants, custom methods, adapters, weights, the timeout)."""
+        names = {f.name for f in fields(Settings)}
+        same = {f.name: getattr(self, f.name) for f in fields(EngineConfig) if f.name in names}
+        return EngineConfig(**{
+            **same, "request_timeout": self.request_timeout or None,
+            "assistant_models": parse_assistants(self.assistant_model),
+            "custom_generate": parse_custom_generate(self.custom_generate),
+            "tool_chat_template": shipped_tool_template(), "lora_modules": parse_lora_modules(self.lora_modules),
+            "caller_weights": self.caller_weights_table(),
+        })  # fmt: skip
 
     def check(self) -> None:
         """The start-up checks a field's type cannot state; a ValueError names the setting (or the file)
@@ -316,10 +292,9 @@ class Settings:
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {self.lora_dir}: no such folder")
         self.check_lora_loading()
-        if self.max_audio_seconds <= 0:
-            raise ValueError(f"max_audio_seconds must be > 0, got {self.max_audio_seconds}")
-        if self.responses_lease <= 0:
-            raise ValueError(f"responses_lease must be > 0, got {self.responses_lease}")
+        for name in ("responses_lease", "max_audio_seconds"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
