@@ -251,12 +251,14 @@ def decoda_attention(
     scale = scaling if scaling is not None else query.shape[-1] ** -0.5
     layout = kwargs.get(LAYOUT_KWARG)
     if layout is not None:  # eager: the layout came with the call, no custom-op dispatch (~0.1 ms a layer)
-        cross = getattr(module, CROSS_LAYER, None)
-        if cross is not None:  # the keys and values the module computed are a stand-in's: the pool holds them
-            return layout.cross.attend(cross, query, float(scale)), None
-        table = getattr(module, RELATIVE_BIAS, None)
-        if table is not None:  # T5's decoder: each row's relative position bias, from its own positions
-            return attend_with_relative_bias(layout, module.layer_idx, query, key, value, float(scale), table), None
+        if layout.cross is not None:  # an encoder-decoder model (a decoder-only one never looks)
+            cross = getattr(module, CROSS_LAYER, None)
+            if cross is not None:  # the keys and values the module computed are a stand-in's: the pool has them
+                return layout.cross.attend(cross, query, float(scale)), None
+            table = getattr(module, RELATIVE_BIAS, None)
+            if table is not None:  # T5's decoder: each row's relative position bias, from its own positions
+                return attend_with_relative_bias(layout, module.layer_idx, query, key, value, float(scale),
+                                                 table), None  # fmt: skip
         return _attend(layout, module.layer_idx, query, key, value, float(scale), sliding_window, softcap, s_aux), None
     layer = getattr(module, LAYER_BUFFER, None)  # set by compile_model; a plain torch.compile gets a constant
     if layer is None:
