@@ -30,7 +30,7 @@ from server.http.access_log import AccessLog
 from server.http.auth import Identify, KeyRing, ProtectPaths, protected_paths
 from server.http.counting import CountResponses
 from server.http.errors import install_error_handlers
-from server.http.limits import RequestLimits
+from server.http.limits import RequestLimits, UploadLimit
 from server.http.metrics import Metrics
 from server.http.metrics_vllm import VllmCompat
 from server.http.request_latency import CallerLabels, RequestLatency
@@ -107,11 +107,18 @@ def create_app(settings: Settings | None = None, engine_client: EngineClient | N
                            paths=protected_paths(settings.protect_metrics, settings.public_docs))  # fmt: skip
     app.add_middleware(RequestLimits, max_request_bytes=settings.max_request_bytes,
                        max_concurrency_per_key=settings.max_concurrency_per_key,
-                       keyed=bool(app.state.api_key_digests))  # fmt: skip
+                       keyed=bool(app.state.api_key_digests), uploads=upload_limits(settings))  # fmt: skip
     app.add_middleware(Identify, keys=app.state.keys)  # one caller per request: limits, routes and logs read it
     app.add_middleware(AccessLog)  # its request id is on every answer, refusals included
     app.add_middleware(CountResponses, metrics=metrics, fastapi_app=app)  # outermost: sees every response
     return app
+
+
+def upload_limits(settings: Settings) -> dict[str, UploadLimit]:
+    """The routes whose body carries a file (``Api.uploads``) and the limit on it: their bodies may be that much
+    larger than a JSON body."""
+    return {path: UploadLimit.of(settings, param, setting)
+            for api in APIS for path, (param, setting) in api.uploads.items()}  # fmt: skip
 
 
 def configured_callers(settings: Settings) -> list[str]:

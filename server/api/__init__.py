@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from fastapi import APIRouter
 
 from server.api import custom_generate, health, models, presets, version
+from server.api.audio import route as audio_route
 from server.api.chat import protocol as chat_protocol
 from server.api.chat import route as chat_route
 from server.api.completions import protocol as completions_protocol
@@ -39,6 +40,8 @@ class Api:
     generation_bodies: tuple[type, ...] = ()  # request models whose knobs /openapi.json bounds
     required: tuple[tuple[str, str], ...] = ()  # (schema, field) required beyond what the model says
     enabled_by: str | None = None  # a setting that must be on for the routes to exist (else they are 404s)
+    uploads: dict[str, tuple[str, str]] = field(default_factory=dict)  # path -> (its file's field, the setting
+    # bounding that file): the body limit there grows by the file's (server.http.limits.UploadLimit)
 
 
 APIS: tuple[Api, ...] = (
@@ -59,6 +62,7 @@ APIS: tuple[Api, ...] = (
                                  "/v1/responses/{response_id}/input_items": ("400", "401", "404", "429", "500")},
         (responses_protocol.ResponsesRequest,)),
     Api(messages_route.router, {}, (messages_protocol.MessagesRequest,), (("MessagesRequest", "messages"),)),
+    Api(audio_route.router, dict.fromkeys(audio_route.UPLOADS, GENERATION_ERRORS), uploads=audio_route.UPLOADS),
     Api(tokenize_route.router, {"/tokenize": ("400", "401", "404", "413", "429", "500", "503"),
                                 "/detokenize": ("400", "401", "404", "413", "429", "500", "503")}),
     Api(watermark_route.router, {"/v1/watermark/detect": ("400", "401", "404", "413", "429", "500", "503")}),

@@ -109,6 +109,11 @@ class Settings:
     )
     max_lora_rank: int = field(default=16, metadata={"help": "highest LoRA rank served; a higher one is refused"})
     max_audio_seconds: float = field(default=3600.0, metadata={"help": "longest audio a transcription decodes"})
+    max_audio_bytes: int = field(
+        default=25 * 1000 * 1000,
+        metadata={"help": "largest audio file /v1/audio/transcriptions and /translations take (OpenAI's 25 MB); a "
+                          "larger one is a 413 naming file (0: no limit)"},
+    )  # fmt: skip
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     model_index_url: str | None = field(
@@ -280,8 +285,8 @@ class Settings:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.metrics_compat not in METRICS_COMPAT:
             raise ValueError(f"metrics_compat must be one of {', '.join(METRICS_COMPAT)}, got {self.metrics_compat!r}")
-        non_negative = ("max_request_bytes", "max_concurrency_per_key", "responses_ttl", "responses_max_bytes",
-                        "responses_quota_bytes", "responses_quota_items")  # fmt: skip
+        non_negative = ("max_request_bytes", "max_audio_bytes", "max_concurrency_per_key", "responses_ttl",
+                        "responses_max_bytes", "responses_quota_bytes", "responses_quota_items")  # fmt: skip
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")

@@ -26,6 +26,7 @@ answered at once with 429 and ``Retry-After``, never queued: the engine's own qu
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -44,6 +45,30 @@ class RequestTooLarge(HTTPException):
 
 def too_large(limit: int) -> APIError:
     return APIError(413, f"request body exceeds {limit} bytes (--max-request-bytes)", code="request_too_large")
+
+
+@dataclass(frozen=True)
+class UploadLimit:
+    """A route whose body carries an upload (a multipart file) larger than a JSON body may be: its body may
+    hold the upload's ``max_bytes`` plus ``--max-request-bytes`` for the other fields, and more is a 413
+    naming the upload's field."""
+
+    max_bytes: int  # the upload's own limit (0: none)
+    param: str  # the form field that holds it
+    flag: str  # the setting that sets max_bytes, as the error names it
+
+    @classmethod
+    def of(cls, settings: object, param: str, setting: str) -> UploadLimit:
+        """The limit the setting named ``setting`` (``max_audio_bytes``) puts on the field ``param``."""
+        return cls(getattr(settings, setting), param, "--" + setting.replace("_", "-"))
+
+    def body_limit(self, max_request_bytes: int) -> int:
+        return 0 if not self.max_bytes or not max_request_bytes else self.max_bytes + max_request_bytes
+
+    def refused(self, size: int | None = None) -> APIError:
+        sent = f" ({size} bytes)" if size is not None else ""
+        return APIError(413, f"{self.param}{sent} exceeds {self.max_bytes} bytes ({self.flag})", param=self.param,
+                        code="request_too_large")  # fmt: skip
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -121,9 +146,12 @@ def caller_hold(scope_state: dict) -> CallerHold | None:
 class RequestLimits:
     """413 for bodies over ``max_request_bytes``; 429 past ``max_concurrency_per_key`` (0: no limit)."""
 
-    def __init__(self, app: ASGIApp, max_request_bytes: int, max_concurrency_per_key: int, keyed: bool = True) -> None:
-        """``keyed``: the server checks API keys (a caller is its key, else its client address)."""
+    def __init__(self, app: ASGIApp, max_request_bytes: int, max_concurrency_per_key: int, keyed: bool = True,
+                 uploads: dict[str, UploadLimit] | None = None) -> None:  # fmt: skip
+        """``keyed``: the server checks API keys (a caller is its key, else its client address); ``uploads``:
+        the paths whose bodies carry a file, and its limit."""
         self.app = app
+        self.uploads = uploads or {}
         self.keyed = keyed
         self.max_request_bytes = max_request_bytes
         self.max_concurrency_per_key = max_concurrency_per_key
@@ -134,10 +162,12 @@ class RequestLimits:
         if scope["type"] != "http" or not scope["path"].startswith(API_PREFIX):
             await self.app(scope, receive, send)
             return
-        limit = self.max_request_bytes
+        upload = self.uploads.get(scope["path"])
+        limit = self.max_request_bytes if upload is None else upload.body_limit(self.max_request_bytes)
         length = _header(scope, b"content-length")
         if limit and length is not None and length.isdigit() and int(length) > limit:
-            await too_large(limit).response()(scope, receive, send)
+            refusal = too_large(limit) if upload is None else upload.refused()
+            await refusal.response()(scope, receive, send)
             return
         key = caller_key(scope, self.keyed)
         if key is None:  # refused keys: every /v1/* route needs one; answered before any body is read
