@@ -26,7 +26,7 @@ from decoding.engine.worker import Worker
 from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
-from decoding.params.model_checks import ModelFacts
+from decoding.params.model_checks import ModelFacts, check_takes_text
 from decoding.structured.compiler import CompiledGrammar, GrammarCompiler
 from decoding.telemetry import EngineObserver
 from decoding.text.template_mends import mend_chat_template
@@ -192,6 +192,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         add_special_tokens: bool = False,
         template_kwargs: dict | None = None,
     ) -> list[int]:
+        check_takes_text(self._facts)  # a speech model: the audio API, said before any template work
         template = self._templates.choose(bool(tools))
         if template is None:
             raise ParameterError(

@@ -28,6 +28,7 @@ import torch
 
 from decoding.model.seq2seq import EncoderInput
 from decoding.params import GenerationParams, ParameterError
+from decoding.params.seq2seq_checks import check_seq2seq_request
 from decoding.params.whisper import WhisperRules
 from decoding.telemetry import EngineObserver
 from decoding.text.whisper_windows import FRAMES_PER_WINDOW, compression_ratio, window_segments
@@ -76,6 +77,7 @@ class Transcriber:
         self.languages = {token[2:-2]: i for token, i in vocab.items() if token in _LANGUAGE_TOKENS}
 
     async def run(self, request_id: str, job: TranscriptionJob) -> AsyncIterator[TranscriptionUpdate]:
+        check_seq2seq_request(job.params, 0, None)  # what an encoder-decoder model does not run: a 400 naming it
         started = time.monotonic()
         samples, mel = await self.off_loop(lambda: self._features(job.audio))
         frames = len(samples) // HOP

@@ -56,9 +56,8 @@ def check_against_model(
     ``prompt_param`` is the field they came from (``prompt`` or ``messages``), which the context
     error names, as OpenAI does.
     """
-    if facts.input_kind == "audio" and prompt_param in ("prompt", "messages", "input"):
-        raise ParameterError("this model transcribes speech: send audio to /v1/audio/transcriptions or "
-                             "/v1/audio/translations", param="model", code="model_not_supported")  # fmt: skip
+    if prompt_param in ("prompt", "messages", "input"):
+        check_takes_text(facts)
     for ids in prompts:
         if not ids:  # e.g. text the tokenizer drops whole ("\r" for a word-level one): nothing to continue
             raise ParameterError(f"the {prompt_param} has no tokens once tokenized", param=prompt_param,
@@ -118,6 +117,13 @@ def check_text_size(num_chars: int, facts: ModelFacts, param: str) -> None:
             param=param,
             code="context_length_exceeded",
         )
+
+
+def check_takes_text(facts: ModelFacts) -> None:
+    """A speech model's encoder reads audio: text prompts are a 400 naming ``model``."""
+    if facts.input_kind == "audio":
+        raise ParameterError("this model transcribes speech: send audio to /v1/audio/transcriptions or "
+                             "/v1/audio/translations", param="model", code="model_not_supported")  # fmt: skip
 
 
 def check_context(prompt_len: int, max_tokens: int, limit: int, param: str) -> None:
