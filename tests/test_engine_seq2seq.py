@@ -153,7 +153,7 @@ def ours(harness: EngineHarness, request_id: str, n: int) -> list[list[int]]:
 
 @pytest.mark.parametrize("mode", sorted(MODES))
 def test_each_mode_alone_equals_generate(family, mode):
-    for number in range(2):
+    for number in range(1):  # one case each: the nine-request test below runs five more per family
         case, seed = family.case(), 100 + number
         harness = family.harness()
         params = params_for(mode, seed)
