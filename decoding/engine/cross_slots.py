@@ -14,21 +14,26 @@ from decoding.kv.pool import KVPool
 from decoding.strategies import DecodingStrategy
 
 
+def has_encoder(strategy: DecodingStrategy) -> bool:
+    """Whether the request is an encoder-decoder model's (a request made elsewhere may carry no such field)."""
+    return getattr(strategy.request, "encoder_input", None) is not None
+
+
 def handles_needed(strategy: DecodingStrategy) -> int:
     """Pool slots the request takes to start: its rows, and its cross slot."""
-    return strategy.num_slots + (1 if strategy.request.encoder_input is not None else 0)
+    return strategy.num_slots + (1 if has_encoder(strategy) else 0)
 
 
 def cross_blocks(pool: KVPool, strategy: DecodingStrategy) -> int:
     """Blocks the request's encoder keys and values fill."""
     request = strategy.request
-    return pool.blocks_for(request.encoder_length) if request.encoder_input is not None else 0
+    return pool.blocks_for(request.encoder_length) if has_encoder(strategy) else 0
 
 
 def hold(pool: KVPool, strategy: DecodingStrategy) -> None:
     """Give a starting request its cross slot (with its blocks) and point its rows at it."""
     request = strategy.request
-    if request.encoder_input is None:
+    if not has_encoder(strategy):
         return
     slot = pool.allocate()
     pool.prepare(slot, 0, request.encoder_length)
@@ -40,14 +45,14 @@ def hold(pool: KVPool, strategy: DecodingStrategy) -> None:
 
 def held(strategy: DecodingStrategy) -> list[int]:
     """The request's cross slot, if it holds one (preemption swaps it out with the rows)."""
-    slot = strategy.request.cross_slot
+    slot = getattr(strategy.request, "cross_slot", None)
     return [] if slot is None else [slot]
 
 
 def let_go(pool: KVPool, strategy: DecodingStrategy) -> None:
     """Free the request's cross slot and forget which rows read it."""
     request = strategy.request
-    if request.cross_slot is None:
+    if getattr(request, "cross_slot", None) is None:
         return
     for row_slot in [row for row, cross in pool.cross_slots.items() if cross == request.cross_slot]:
         del pool.cross_slots[row_slot]

@@ -36,7 +36,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 
-from decoding.engine.cross_slots import cross_blocks, handles_needed
+from decoding.engine.cross_slots import cross_blocks, handles_needed, has_encoder
 from decoding.engine.cross_slots import held as held_cross_slot
 from decoding.engine.cross_slots import hold as hold_cross_slot
 from decoding.engine.cross_slots import let_go as let_go_cross_slot
@@ -214,7 +214,7 @@ class Scheduler:
         self._bind_adapter(strategy, adapter)
         slot, prompt = strategy.prefill_slot, request.prompt_ids
         cached = 0
-        reuses = strategy.reuses_prefix and request.encoder_input is None  # cross_slots: why not an encoder's
+        reuses = strategy.reuses_prefix and not has_encoder(strategy)  # cross_slots: why not an encoder's
         if reuses:  # at least the last prompt token is computed: its logits start decoding
             cached = pool.attach_prefix(slot, prompt, len(prompt) - 1)
         needed = admission_blocks(pool.blocks_for(len(prompt)) - len(pool.tables[slot]) + cross_blocks(pool, strategy),
@@ -288,7 +288,7 @@ class Scheduler:
             self._stop_running(strategy)
         elif self.waiting.remove(strategy):
             self._swapped.pop(id(strategy), None)
-        if strategy.request.error is None and strategy.request.encoder_input is None:
+        if strategy.request.error is None and not has_encoder(strategy):
             for slot, token_ids in strategy.cached_sequences():
                 self.pool.register(slot, token_ids)
         let_go_cross_slot(self.pool, strategy)
