@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 
 import transformers
@@ -31,3 +32,18 @@ def cache_key(parts: list[Path]) -> str:
 def folder_bytes(folder: Path) -> int:
     """What a cached folder holds on disk, in bytes (for the load log)."""
     return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def publish(tmp: Path, final: Path, marker_name: str, marker: dict) -> int:
+    """Make a folder written in ``tmp`` the cache's ``final`` at once: the marker (present = complete)
+    written last, readable by the replicas' users, renamed into place; a replica that published the
+    same folder first wins. Returns the folder's bytes (for the load log)."""
+    (tmp / marker_name).write_text(json.dumps(marker, indent=2))
+    tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by replicas' users
+    written = folder_bytes(tmp)
+    try:
+        os.rename(tmp, final)
+    except OSError:
+        if not (final / marker_name).is_file():
+            raise
+    return written

@@ -14,9 +14,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
-import json
 import logging
-import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -25,7 +23,7 @@ import torch
 import transformers
 from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
 
-from decoding.model.cache_files import cache_key, folder_bytes
+from decoding.model.cache_files import cache_key, publish
 from decoding.model.gguf_metadata import fast_gguf_reads
 from decoding.model.registry import ModelLoadError
 
@@ -62,14 +60,7 @@ def converted_folder(
         _convert_gguf(gguf, tmp, dtype)
         shutil.rmtree(tmp / "source", ignore_errors=True)
         marker = {"parts": [str(p) for p in parts], "transformers": transformers.__version__, "dtype": str(dtype)}
-        (tmp / SOURCE_MARKER).write_text(json.dumps(marker, indent=2))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by replicas' users
-        written = folder_bytes(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / SOURCE_MARKER).is_file():
-                raise
+        written = publish(tmp, final, SOURCE_MARKER, marker)
         logger.info(
             "wrote %.0f MB (%s weights) into %s; --quantization gguf serves a GGUF's own blocks and writes none",
             written / 1e6, dtype, final,

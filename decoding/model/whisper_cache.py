@@ -15,7 +15,6 @@ CTranslate2 folder of any Whisper size.
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import shutil
@@ -27,7 +26,7 @@ import torch
 import transformers
 from transformers import GenerationConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizer
 
-from decoding.model.cache_files import cache_key, folder_bytes, made
+from decoding.model.cache_files import cache_key, made, publish
 from decoding.model.fetch import fetched_file
 from decoding.model.gguf_cache import SOURCE_MARKER, assemble
 from decoding.model.registry import (
@@ -132,14 +131,7 @@ def converted_whisper_folder(name: str, ct2_folder: Path, cache_root: Path, dtyp
         gc.collect()
         marker = {"ctranslate2": [str(p) for p in sources], "transformers": transformers.__version__,
                   "dtype": str(dtype)}  # fmt: skip
-        (tmp / SOURCE_MARKER).write_text(json.dumps(marker, indent=2))
-        tmp.chmod(0o755)  # mkdtemp makes it private; the cache may be shared by replicas' users
-        written = folder_bytes(tmp)
-        try:
-            os.rename(tmp, final)
-        except OSError:
-            if not (final / SOURCE_MARKER).is_file():
-                raise
+        written = publish(tmp, final, SOURCE_MARKER, marker)
         logger.info("wrote %.0f MB (%s weights) into %s", written / 1e6, dtype, final)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
