@@ -11,8 +11,11 @@ import json
 from collections.abc import Callable
 
 
-async def stream_then_hang_up(app: Callable, path: str, body: dict, after_chunks: int = 1) -> list[bytes]:
-    """POST ``body`` to ``path`` and disconnect once ``after_chunks`` body chunks arrived; returns them."""
+async def stream_then_hang_up(app: Callable, path: str, body: dict | bytes, after_chunks: int = 1,
+                              headers: list[tuple[bytes, bytes]] | None = None) -> list[bytes]:  # fmt: skip
+    """POST ``body`` (JSON, or bytes sent as they are with ``headers``: a multipart form) to ``path`` and
+    disconnect once ``after_chunks`` body chunks arrived; returns them."""
+    payload = body if isinstance(body, bytes) else json.dumps(body).encode()
     chunks: list[bytes] = []
     hung_up = asyncio.Event()
     request_sent = False
@@ -21,7 +24,7 @@ async def stream_then_hang_up(app: Callable, path: str, body: dict, after_chunks
         nonlocal request_sent
         if not request_sent:
             request_sent = True
-            return {"type": "http.request", "body": json.dumps(body).encode(), "more_body": False}
+            return {"type": "http.request", "body": payload, "more_body": False}
         await hung_up.wait()
         return {"type": "http.disconnect"}
 
@@ -41,7 +44,7 @@ async def stream_then_hang_up(app: Callable, path: str, body: dict, after_chunks
         "raw_path": path.encode(),
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"content-type", b"application/json"), (b"host", b"test")],
+        "headers": headers or [(b"content-type", b"application/json"), (b"host", b"test")],
         "client": ("127.0.0.1", 50000),
         "server": ("test", 80),
     }

@@ -20,6 +20,7 @@ from decoding import ModelFacts, QueueFullError, ServedModel
 from decoding.transcripts import TranscriptionJob, TranscriptionUpdate, TranscriptSegment, TranscriptToken
 from server.app import create_app
 from server.config.settings import Settings
+from tests.asgi_driver import stream_then_hang_up
 from tests.fake_engine import FakeEngineClient
 from tests.test_api import error_of, run
 
@@ -211,29 +212,9 @@ def test_a_client_that_hangs_up_mid_stream_closes_the_transcription():
     engine = SpeechEngine(delay=0.2)
     request = httpx.Request("POST", "http://test/v1/audio/transcriptions", data={"stream": "true"},
                             files={"file": ("clip.wav", AUDIO)})  # fmt: skip
-    payload = request.read()
-    chunks: list[bytes] = []
-    hung_up = asyncio.Event()
-    sent = False
-
-    async def receive() -> dict:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": payload, "more_body": False}
-        await hung_up.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: dict) -> None:
-        if message["type"] == "http.response.body" and b"transcript.text.delta" in message.get("body", b""):
-            chunks.append(message["body"])
-            hung_up.set()
-
     headers = [(k.lower().encode(), v.encode()) for k, v in request.headers.items()]
-    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
-             "path": "/v1/audio/transcriptions", "raw_path": b"/v1/audio/transcriptions", "query_string": b"",
-             "root_path": "", "headers": headers, "client": ("127.0.0.1", 50000), "server": ("test", 80)}  # fmt: skip
-    run(asyncio.wait_for(app_of(engine)(scope, receive, send), 30))
+    chunks = run(stream_then_hang_up(app_of(engine), "/v1/audio/transcriptions", request.read(), headers=headers))
+    assert b"transcript.text.delta" in chunks[0]
     assert len(chunks) == 1 and len(engine.jobs) == 1
     assert engine.closed == [engine.jobs[0][0]]  # closed before its last update: the engine aborts it
 
