@@ -49,6 +49,7 @@ class _Decoded:
     tokens: list[int]  # without end of text
     logprobs: list[float]  # each generated token's, end of text included
     temperature: float
+    compression_ratio: float  # of the window's text (openai-whisper's repetition measure)
 
     @property
     def avg_logprob(self) -> float:
@@ -99,7 +100,6 @@ class Transcriber:
                 continue
             window_seek = seek
             pieces, seek = window_segments(decoded.tokens, self.no_timestamps + 1, seek, window_frames, self._text)
-            text_logprobs = dict(zip(range(len(decoded.tokens)), decoded.logprobs, strict=False))
             position = 0
             for piece in pieces:
                 if not piece.text.strip() and piece.end <= piece.start:
@@ -108,11 +108,11 @@ class Transcriber:
                 segment = TranscriptSegment(
                     id=len(segments), seek=window_seek, start=round(piece.start, 2), end=round(piece.end, 2),
                     text=piece.text, tokens=piece.tokens, temperature=decoded.temperature,
-                    avg_logprob=decoded.avg_logprob, compression_ratio=compression_ratio(self._text(decoded.tokens)),
+                    avg_logprob=decoded.avg_logprob, compression_ratio=decoded.compression_ratio,
                     no_speech_prob=no_speech,
                 )  # fmt: skip
                 segments.append(segment)
-                tokens = [] if not job.logprobs else self._token_logprobs(piece.tokens, text_logprobs, position)
+                tokens = [] if not job.logprobs else self._token_logprobs(piece.tokens, decoded.logprobs, position)
                 position += len(piece.tokens)
                 yield TranscriptionUpdate(text=piece.text, segment=segment, logprobs=tokens)
             # the next window continues from this one's text, unless it was sampled hot (openai-whisper)
@@ -149,8 +149,8 @@ class Transcriber:
             tokens, logprobs, at_start = await self._generate(f"{request_id}-t{attempt}", prompt, params, window)
             if attempt == 0:
                 no_speech = at_start
-            decoded = _Decoded(tokens, logprobs, temperature)
-            repetitive = compression_ratio(self._text(tokens)) > COMPRESSION_RATIO_THRESHOLD
+            decoded = _Decoded(tokens, logprobs, temperature, compression_ratio(self._text(tokens)))
+            repetitive = decoded.compression_ratio > COMPRESSION_RATIO_THRESHOLD
             if not repetitive and decoded.avg_logprob >= LOGPROB_THRESHOLD:
                 break
         return decoded, no_speech
@@ -222,13 +222,13 @@ class Transcriber:
     def _text(self, tokens: list[int]) -> str:
         return self.tokenizer.decode([t for t in tokens if t < self.no_timestamps + 1], skip_special_tokens=True)
 
-    def _token_logprobs(self, tokens: list[int], logprobs: dict[int, float], start: int) -> list[TranscriptToken]:
+    def _token_logprobs(self, tokens: list[int], logprobs: list[float], start: int) -> list[TranscriptToken]:
         out = []
         for offset, token in enumerate(tokens):
             if token > self.no_timestamps:
                 continue
             text = self.tokenizer.decode([token])
-            out.append(TranscriptToken(text, logprobs.get(start + offset, 0.0), list(text.encode("utf-8"))))
+            out.append(TranscriptToken(text, logprobs[start + offset], list(text.encode("utf-8"))))
         return out
 
 
