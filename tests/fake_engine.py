@@ -1,9 +1,17 @@
-"""A torch-free EngineClient for HTTP tests: a word tokenizer and scripted outputs."""
+"""A torch-free EngineClient for HTTP tests: a word tokenizer and scripted outputs.
+
+With ``takes_images=True`` it stands for a vision-language model: ``apply_chat_template`` takes the
+conversation's images, opens each with the real ``decoding.vision.open_image`` (so a bomb or a truncated
+file is the engine's 400 naming its part), writes ``IMAGE_TOKENS`` placeholder ids where each
+``{"type": "image"}`` part stands, and returns a ``PromptIds`` carrying them (kept in ``prompts``, the
+images in ``images``), as the real engine client does."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import dataclasses
+from collections.abc import AsyncIterator, Sequence
+from types import SimpleNamespace
 
 from decoding import (
     EngineClient,
@@ -17,16 +25,21 @@ from decoding import (
     TokenLogprob,
     TopLogprob,
 )
+from decoding.media import ImageInput, PromptIds
+from decoding.params import ParameterError
+from decoding.vision import open_image
 
 WORDS = ["<eos>", "hello", "world", "foo", "bar", "baz", "the", "end"] + [f"w{i}" for i in range(92)]
+IMAGE_TOKEN, IMAGE_TOKENS = 9, 4  # "w1" four times where each image stands
 
 
 class FakeEngineClient(EngineClient):
     """Generates ``WORDS[1], WORDS[2], ...`` (one word per step) for each choice."""
 
     def __init__(
-        self, *, delay: float = 0.0, fail: bool = False, queue_full: bool = False, error_code: str = "internal"
-    ) -> None:
+        self, *, delay: float = 0.0, fail: bool = False, queue_full: bool = False, error_code: str = "internal",
+        takes_images: bool = False, max_image_pixels: int = 4096 * 4096,
+    ) -> None:  # fmt: skip
         self.delay = delay
         self.fail = fail
         self.error_code = error_code  # what a failed request reports: "internal" or "unavailable"
@@ -35,6 +48,11 @@ class FakeEngineClient(EngineClient):
         self.submitted: list[tuple[str, list[int], GenerationParams]] = []
         self.aborted: list[str] = []
         self.finished: list[str] = []
+        self.images: list[list[ImageInput]] = []  # the images of each rendering that had some
+        self.prompts: list[list[int]] = []  # what each rendering returned
+        self.max_image_pixels = max_image_pixels
+        if takes_images:
+            self.facts = dataclasses.replace(self.facts, takes_images=True)
 
     model_name = "fake-model"  # type: ignore[assignment]
     facts = ModelFacts(vocab_size=len(WORDS), max_model_len=64, num_layers=4)  # type: ignore[assignment]
@@ -55,9 +73,32 @@ class FakeEngineClient(EngineClient):
         return self._words(text)
 
     async def apply_chat_template(self, messages: list[dict], tools: list[dict] | None = None,
-                                  template_kwargs: dict | None = None) -> list[int]:  # fmt: skip
+                                  template_kwargs: dict | None = None, add_generation_prompt: bool = True,
+                                  add_special_tokens: bool = False,
+                                  images: Sequence[ImageInput] = ()) -> list[int]:  # fmt: skip
         self.template_kwargs = template_kwargs
-        return [t for m in messages for t in self._words(m["content"])] + [6]
+        ids = [t for m in messages for t in self._content_ids(m["content"])] + ([6] if add_generation_prompt else [])
+        if not images:
+            self.prompts.append(ids)
+            return ids
+        if not self.facts.takes_images:
+            raise ParameterError(f"{images[0].param}: the model reads no images", param=images[0].param)
+        if ids.count(IMAGE_TOKEN) != IMAGE_TOKENS * len(images):
+            raise AssertionError(f"{len(images)} images for {ids.count(IMAGE_TOKEN) // IMAGE_TOKENS} image parts")
+        pictures = [open_image(image, self.max_image_pixels) for image in images]
+        self.images.append(list(images))
+        prompt = PromptIds(ids, media=SimpleNamespace(images=pictures))
+        self.prompts.append(prompt)
+        return prompt
+
+    def _content_ids(self, content: str | list[dict]) -> list[int]:
+        """A message's ids: its text's words, and with parts each image's placeholders where it stands."""
+        if isinstance(content, str):
+            return self._words(content)
+        ids: list[int] = []
+        for part in content:
+            ids += [IMAGE_TOKEN] * IMAGE_TOKENS if part["type"] == "image" else self._words(part["text"])
+        return ids
 
     async def decode(self, token_ids: list[int], skip_special_tokens: bool = False) -> str:
         return " ".join(WORDS[t] for t in token_ids)

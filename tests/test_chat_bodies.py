@@ -109,10 +109,14 @@ def test_text_parts_may_carry_prompt_cache_hints():
     ],
 )
 def test_image_audio_and_file_parts_are_refused_at_their_path(part):
+    """A text-only model takes no image (tests/test_api_images.py: one that does); no model takes audio or files."""
     error = refused({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is it?"}, part]}]})
     assert error["param"] == "messages[0].content[1]"
-    assert error["message"].startswith("messages[0].content[1]: ") and "text-only" in error["message"]
-    assert part["type"] in error["message"]
+    assert error["message"].startswith("messages[0].content[1]: ")
+    if part["type"] == "image_url":
+        assert "model 'fake-model' does not take images" in error["message"]
+    else:
+        assert part["type"] in error["message"] and "not audio or files" in error["message"]
 
 
 @pytest.mark.parametrize("part", [{"type": "video", "video": "x"}, {"type": {}}, {"text": "no type"}, 5])

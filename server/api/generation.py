@@ -12,7 +12,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any, TypeVar
 
 from fastapi import Request
@@ -20,6 +20,7 @@ from fastapi.responses import JSONResponse, Response
 from sse_starlette.sse import EventSourceResponse
 
 from decoding import EngineClient, GenerationParams, ParameterError, RequestOutput
+from decoding.media import ImageInput
 from decoding.params import guidance_active
 from server.http.auth import caller_of
 from server.http.errors import APIError, unavailable
@@ -27,6 +28,7 @@ from server.http.limits import caller_hold
 from server.output.streaming import ChunkFormat, collect_all, sse_events, until_disconnect
 from server.translate.fields import GenerationFields
 from server.translate.guidance import with_negative_prompt_ids
+from server.translate.images import ImagePart, MediaPolicy, image_inputs
 from server.translate.params import length_is_given, with_context_default
 from server.translate.prediction import with_prediction_ids
 from server.translate.presets import presets_of
@@ -88,13 +90,19 @@ def translated(request: Request, client: EngineClient, body: Body, **endpoint: A
 async def templated(
     client: EngineClient, body: GenerationFields, params: GenerationParams, messages: list[dict[str, Any]],
     tools: list[dict[str, Any]] | None, template_kwargs: dict[str, Any] | None = None,
+    images: Sequence[ImageInput] = (),
 ) -> tuple[list[int], GenerationParams]:  # fmt: skip
     """(the conversation's prompt ids through the chat template, the params with chat's default length:
     what the context leaves after that prompt, OpenAI's, unless the request or the model set one).
-    ``template_kwargs``: the template's variables an API sets itself (the Messages API's ``thinking``)."""
+    ``template_kwargs``: the template's variables an API sets itself (the Messages API's ``thinking``);
+    ``images``: the conversation's images (``server.translate.images``), in the order of its image parts. The
+    ids come back as the engine made them (a ``PromptIds`` carrying the images) and must reach ``generate``
+    as they are, never copied."""
     extra = getattr(body, "chat_template_kwargs", None)  # a body that has them (chat): the template's variables
     extra = {**(extra or {}), **(template_kwargs or {})}
-    options = {"template_kwargs": extra} if extra else {}
+    options: dict[str, Any] = {"template_kwargs": extra} if extra else {}
+    if images:
+        options["images"] = images
     prompt_ids = await client.apply_chat_template(messages, tools=tools, **options)
     if not length_is_given(body, client.generation_defaults):
         params = with_context_default(params, client.max_model_len - len(prompt_ids))
@@ -152,3 +160,8 @@ async def respond(
     if stream:
         return EventSourceResponse(sse_events(streams, fmt), ping=15)
     return JSONResponse(fmt.body(await until_disconnect(request, collect_all(streams))))
+
+
+async def images_of(request: Request, client: EngineClient, parts: Sequence[ImagePart]) -> list[ImageInput]:
+    """The conversation's image files, by the server's limits and allowed hosts (``server.translate.images``)."""
+    return await image_inputs(client, parts, MediaPolicy.of(request.app.state.settings))

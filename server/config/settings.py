@@ -17,6 +17,7 @@ from decoding.params.watermarking import WatermarkingConfig
 from decoding.text.chat_template import check_chat_template
 from server.config.caller_weights import key_name, keys_file_entries, parse_caller_weights
 from server.config.lora_modules import parse_lora_modules
+from server.config.media_domains import parse_media_domains
 from server.config.store_url import POSTGRES_SCHEMES, POSTGRES_URL_SHAPE, postgres_url_problem, redacted_url
 from server.output.reasoning import check_reasoning_parser
 from server.output.tool_parser import check_parser
@@ -114,6 +115,14 @@ class Settings:
         metadata={"help": "largest audio file /v1/audio/transcriptions and /translations take (OpenAI's 25 MB); a "
                           "larger one is a 413 naming file (0: no limit)"},
     )  # fmt: skip
+    max_image_bytes: int = field(default=20 * 1024 * 1024, metadata={"help": "largest image file (a data: URL "
+                                 "decoded, or fetched) a request may send; more: a 400 (0: no limit)"})  # fmt: skip
+    max_image_pixels: int = field(default=4096 * 4096, metadata={"help": "most pixels (width x height, read from "
+                                  "its header before decoding) an image may have; more: a 400"})  # fmt: skip
+    max_images_per_request: int = field(default=8, metadata={"help": "images one request's conversation may hold"})
+    allowed_media_domains: str | None = field(default=None, metadata={"help": "hosts whose http(s) image URLs are "
+        "fetched (repeatable; comma-separated in env and yaml); none by default: data: URLs only"})  # fmt: skip
+    media_fetch_timeout: float = field(default=10.0, metadata={"help": "seconds fetching one image URL may take"})
     num_threads: int | None = field(default=None, metadata={"help": "torch intra-op threads"})
     cache_dir: str | None = field(default=None, metadata={"help": "converted-model cache (default ~/.cache/decoda)"})
     model_index_url: str | None = field(
@@ -285,19 +294,21 @@ class Settings:
             raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
         if self.metrics_compat not in METRICS_COMPAT:
             raise ValueError(f"metrics_compat must be one of {', '.join(METRICS_COMPAT)}, got {self.metrics_compat!r}")
-        non_negative = ("max_request_bytes", "max_audio_bytes", "max_concurrency_per_key", "responses_ttl",
-                        "responses_max_bytes", "responses_quota_bytes", "responses_quota_items")  # fmt: skip
+        non_negative = ("max_request_bytes", "max_audio_bytes", "max_image_bytes", "max_concurrency_per_key",
+                        "responses_ttl", "responses_max_bytes", "responses_quota_bytes",
+                        "responses_quota_items")  # fmt: skip
         for name in non_negative:
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("max_loras", "max_lora_rank", "max_loaded_loras"):
+        for name in ("max_loras", "max_lora_rank", "max_loaded_loras", "max_image_pixels", "max_images_per_request"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         parse_lora_modules(self.lora_modules)  # a malformed --lora-modules fails at start
         if self.lora_dir is not None and not Path(self.lora_dir).is_dir():
             raise ValueError(f"--lora-dir {self.lora_dir}: no such folder")
         self.check_lora_loading()
-        for name in ("responses_lease", "max_audio_seconds"):
+        parse_media_domains(self.allowed_media_domains)  # a URL or a path where a host name goes fails at start
+        for name in ("responses_lease", "max_audio_seconds", "media_fetch_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)

@@ -25,7 +25,7 @@ CONFIG_NAME = "server.yaml"
 SOURCE_CONFIG = Path(__file__).resolve().parents[2] / "config" / CONFIG_NAME  # in a checkout
 PACKAGED_CONFIG = "server.defaults"  # config/ as installed package data (pyproject.toml)
 # flags given several times; comma-joined like env and yaml
-REPEATABLE = ("assistant_model", "api_key", "admin_api_key", "custom_generate", "lora_modules")
+REPEATABLE = ("assistant_model", "api_key", "admin_api_key", "custom_generate", "lora_modules", "allowed_media_domains")
 
 
 def env_name(name: str) -> str:

@@ -4,8 +4,11 @@ Clients replay a previous reply as the next turn (the ``openai`` SDK's ``message
 so every field of OpenAI's message objects is known: null ones (``refusal``, ``annotations``,
 ``audio``, ``function_call``, ``tool_calls``) are accepted, a refusal is the turn's text when it has
 no content, and the legacy ``function_call`` / ``role: "function"`` turns are read as a tool call and
-its result. The served model reads text only, so an image, audio or file content part and a
-message's ``audio`` are 400s naming their path (``messages[0].content[1]``); a text part's
+its result. A user message's ``image_url`` parts (``detail`` accepted: the model's processor sets the
+resolution) reach the template as ``{"type": "image"}`` parts among its text parts, their files as the
+request's images (``server.translate.images``, which refuses them for a model that reads no images); a
+message without images keeps its content as one text. Audio and file content parts and a message's
+``audio`` are 400s naming their path (``messages[0].content[1]``); a text part's
 prompt-cache marks (OpenAI's ``prompt_cache_breakpoint``, Anthropic's ``cache_control``) are hints:
 the prefix cache keeps every prompt's blocks without being asked.
 """
@@ -18,11 +21,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Discriminator, Tag
 
 from decoding import ParameterError
+from server.translate.images import ImagePart
 from server.translate.strict import Strict
 from server.translate.tools import functions_only
 
 TEXT_ONLY = "this server serves a text-only model"
-UNSERVED_PARTS = ("image_url", "input_audio", "file")  # OpenAI's parts a text-only model cannot read
+UNSERVED_PARTS = ("input_audio", "file")  # OpenAI's parts no served model reads
 
 
 class CacheControl(Strict):
@@ -53,23 +57,37 @@ class RefusalPart(Strict):
     refusal: str
 
 
+class ImageURL(Strict):
+    url: str  # a data: URL, or an http(s) URL of a host --allowed-media-domains names
+    detail: Literal["auto", "low", "high"] | None = None  # accepted: the model's processor sets the resolution
+
+
+class ImageURLPart(Strict):
+    type: Literal["image_url"]
+    image_url: ImageURL
+
+
 def _served_part(part: Any) -> Any:  # noqa: ANN401
-    """An image, audio or file part is a 400 at its own path (the one place that knows it)."""
+    """An audio or file part is a 400 at its own path (the one place that knows it)."""
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in UNSERVED_PARTS:
-        raise ParameterError(f"{TEXT_ONLY}: {kind} content parts are not supported (send text parts)")
+        raise ParameterError(f"{kind} content parts are not supported: this server reads text and images, not audio "
+                             "or files (send text or image_url parts)")  # fmt: skip
     return part
 
 
 def _part_kind(part: Any) -> str | None:  # noqa: ANN401
     kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-    return {"text": "TextPart", "refusal": "RefusalPart"}.get(kind) if isinstance(kind, str) else None
+    tags = {"text": "TextPart", "refusal": "RefusalPart", "image_url": "ImageURLPart"}
+    return tags.get(kind) if isinstance(kind, str) else None
 
 
 ContentPart = Annotated[
-    Annotated[TextPart, Tag("TextPart")] | Annotated[RefusalPart, Tag("RefusalPart")],
+    Annotated[TextPart, Tag("TextPart")] | Annotated[RefusalPart, Tag("RefusalPart")]
+    | Annotated[ImageURLPart, Tag("ImageURLPart")],
     Discriminator(_part_kind, custom_error_type="invalid_content_part",
-                  custom_error_message="a content part's type must be 'text' (or 'refusal' in an assistant turn)"),
+                  custom_error_message="a content part's type must be 'text', 'image_url' (in a user turn) or "
+                                       "'refusal' (in an assistant turn)"),
     BeforeValidator(_served_part),
 ]  # fmt: skip
 
@@ -107,7 +125,7 @@ class ChatMessage(Strict):
         param = f"messages[{index}]"
         self._check(param)
         role = {"developer": "system", "function": "tool"}.get(self.role, self.role)
-        out: dict[str, Any] = {"role": role, "content": self.text()}
+        out: dict[str, Any] = {"role": role, "content": self._template_content()}
         if self.name is not None:
             out["name"] = self.name
         if self.tool_call_id is not None:
@@ -132,11 +150,27 @@ class ChatMessage(Strict):
             raise ParameterError(f"{param}: give tool_calls or the legacy function_call, not both", param="messages")
         if self.role != "assistant" and (self.refusal is not None or _has_refusal_part(self.content)):
             raise ParameterError(f"{param}: only an assistant message carries a refusal", param="messages")
+        if self.role != "user" and (images := self.image_parts(param)):
+            raise ParameterError(f"{images[0].param}: only a user message carries images", param=images[0].param)
+
+    def image_parts(self, param: str) -> list[ImagePart]:
+        """The message's images in order, each named by its path (``param`` is the message's)."""
+        parts = self.content if isinstance(self.content, list) else []
+        return [ImagePart(part.image_url.url, f"{param}.content[{j}]") for j, part in enumerate(parts)
+                if isinstance(part, ImageURLPart)]  # fmt: skip
+
+    def _template_content(self) -> str | list[dict[str, str]]:
+        """One text, or with images the parts in order: each text a text part, each image ``{"type": "image"}``
+        (where a vision-language model's template writes its image markers)."""
+        if not isinstance(self.content, list) or not any(isinstance(p, ImageURLPart) for p in self.content):
+            return self.text()
+        return [{"type": "image"} if isinstance(part, ImageURLPart) else {"type": "text", "text": _part_text(part)}
+                for part in self.content]  # fmt: skip
 
     def text(self) -> str:
         """The turn's text: its content (the text of its parts), or its refusal when it has none."""
         if isinstance(self.content, list):
-            text = "".join(part.text if isinstance(part, TextPart) else part.refusal for part in self.content)
+            text = "".join(_part_text(part) for part in self.content)
         else:
             text = self.content or ""
         return text or self.refusal or ""
@@ -150,6 +184,10 @@ class ChatMessage(Strict):
         """(id, function) of every call this turn made: its tool_calls, or the legacy function_call (no id)."""
         calls: list[tuple[str | None, CalledFunction]] = [(call.id, call.function) for call in self.tool_calls or []]
         return calls + ([(None, self.function_call)] if self.function_call else [])
+
+
+def _part_text(part: TextPart | RefusalPart | ImageURLPart) -> str:
+    return part.text if isinstance(part, TextPart) else part.refusal if isinstance(part, RefusalPart) else ""
 
 
 def _has_refusal_part(content: str | list[Any] | None) -> bool:

@@ -26,6 +26,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from decoding import GenerationParams, ParameterError
 from server.api.chat.messages import TEXT_ONLY, ChatMessage, TextPart
 from server.translate.fields import GenerationFields, RequestHints
+from server.translate.images import ImagePart
 from server.translate.params import to_params
 from server.translate.strict import Strict
 from server.translate.template_kwargs import TemplateKwargs
@@ -151,6 +152,10 @@ class ChatCompletionRequest(GenerationFields, RequestHints):
         if not self.messages:
             raise ParameterError("messages must not be empty", param="messages")
         return [m.as_template_message(i) for i, m in enumerate(self.messages)]
+
+    def image_parts(self) -> list[ImagePart]:
+        """The conversation's images, in the order the template meets them."""
+        return [part for i, m in enumerate(self.messages) for part in m.image_parts(f"messages[{i}]")]
 
     def logprobs_count(self) -> int | None:
         if self.top_logprobs is not None and not self.logprobs:

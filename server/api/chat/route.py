@@ -10,7 +10,7 @@ from fastapi.responses import Response
 
 from server.api.chat.format import ChatFormat
 from server.api.chat.protocol import ChatCompletionRequest
-from server.api.generation import admitted, engine_of, respond, served_model, templated, translated
+from server.api.generation import admitted, engine_of, images_of, respond, served_model, templated, translated
 from server.http.auth import require_api_key
 from server.output.tool_parser import PARSERS
 from server.translate.structured import answer_after_thinking, reasoning_of
@@ -27,7 +27,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     reasoning = reasoning_of(request) if thinking_allowed(body.chat_template_kwargs) else None
     params = answer_after_thinking(params, reasoning)  # a constraint shapes the answer, after the thinking
     messages = body.messages_or_error()
-    prompt_ids, params = await templated(client, body, params, messages, body.template_tools())
+    images = await images_of(request, client, body.image_parts())
+    prompt_ids, params = await templated(client, body, params, messages, body.template_tools(), images=images)
     params = await admitted(client, params, [prompt_ids], "messages")
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []

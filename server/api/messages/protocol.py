@@ -39,6 +39,7 @@ from server.api.messages.blocks import CacheControl, InputMessage, TextBlock, sy
 from server.api.messages.run_options import RequestHints, RunOptions
 from server.api.messages.thinking import ThinkingConfig, check_budget
 from server.translate.fields import GenerationFields
+from server.translate.images import ImagePart
 from server.translate.params import to_params
 from server.translate.strict import Strict
 from server.translate.structured import JsonSchemaFormat, OpenAIName, ResponseFormat, structured_output_of
@@ -124,6 +125,10 @@ class Conversation(Strict):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return template_messages(self.system, self.messages)
+
+    def image_parts(self) -> list[ImagePart]:
+        """The conversation's images, in the order the template meets them."""
+        return [part for i, message in enumerate(self.messages) for part in message.image_parts(f"messages[{i}]")]
 
     def sized_lists(self) -> dict[str, Sized | None]:
         return {"messages": self.messages, "tools": self.tools}

@@ -17,7 +17,16 @@ from fastapi.responses import Response
 from sse_starlette.sse import EventSourceResponse
 
 from decoding.params import check_size
-from server.api.generation import admitted, engine_of, engine_rows, served_model, submit, templated, translated
+from server.api.generation import (
+    admitted,
+    engine_of,
+    engine_rows,
+    images_of,
+    served_model,
+    submit,
+    templated,
+    translated,
+)
 from server.api.messages.errors import documented_errors
 from server.api.messages.events import message_events
 from server.api.messages.format import Reply, new_id
@@ -52,8 +61,10 @@ async def create_message(body: MessagesRequest, request: Request) -> Response:
     body, params = translated(request, client, body, max_model_len=client.max_model_len)
     thinking = thinking_plan(body.thinking, reasoning_of(request))  # the split, the template's switch, a budget
     params = answer_after_thinking(params, thinking.reasoning)  # a constraint shapes the answer, after the thinking
-    prompt_ids, params = await templated(client, body, params, body.template_messages(), body.template_tools(),
-                                         thinking.template_kwargs)  # fmt: skip
+    messages = body.template_messages()
+    images = await images_of(request, client, body.image_parts())
+    prompt_ids, params = await templated(client, body, params, messages, body.template_tools(),
+                                         thinking.template_kwargs, images)  # fmt: skip
     if thinking.budget is not None and thinking.reasoning is not None:
         params = await with_thinking_budget(client, params, thinking.reasoning, thinking.budget)
     params = await admitted(client, params, [prompt_ids], "messages")
@@ -90,6 +101,9 @@ async def count_tokens(body: CountTokensRequest, request: Request) -> dict[str, 
     if tool_use is not None:
         tool_use.check()
     kwargs = thinking_plan(body.thinking, reasoning_of(request)).template_kwargs
-    prompt_ids = await client.apply_chat_template(body.template_messages(), body.template_tools(),
-                                                  **({"template_kwargs": kwargs} if kwargs else {}))  # fmt: skip
+    messages = body.template_messages()
+    images = await images_of(request, client, body.image_parts())
+    prompt_ids = await client.apply_chat_template(messages, body.template_tools(),
+                                                  **({"template_kwargs": kwargs} if kwargs else {}),
+                                                  **({"images": images} if images else {}))  # fmt: skip
     return {"input_tokens": len(prompt_ids)}

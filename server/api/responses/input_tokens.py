@@ -20,7 +20,7 @@ from server.api.generation import engine_of, served_model, translated
 from server.api.responses.items import InputItem
 from server.api.responses.protocol import ResponsesPrompt, ResponsesRequest
 from server.api.responses.route import continued
-from server.api.responses.truncation import rendered
+from server.api.responses.truncation import item_images, rendered
 from server.http.auth import require_api_key
 from server.translate.unserved import refused_unless_null
 
@@ -52,6 +52,7 @@ async def count_input_tokens(body: InputTokensRequest, request: Request) -> dict
     served_model(client, body.model)
     response, params = translated(request, client, body.response_request(), max_model_len=client.max_model_len)
     earlier, _ = await continued(request, response.previous_response_id)
-    conversation = earlier + response.input_items()
-    prompt_ids, _ = await rendered(client, response, params, conversation)
+    input_items = response.input_items()
+    images = await item_images(request, client, earlier, input_items)
+    prompt_ids, _ = await rendered(client, response, params, earlier + input_items, images)
     return {"object": "response.input_tokens", "input_tokens": len(prompt_ids)}

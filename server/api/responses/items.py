@@ -15,6 +15,11 @@ null, a replayed ``refusal`` part is the turn's text, a function's ``output`` ma
 parts, an output without ``call_id`` answers the oldest call still unanswered; ``async``,
 ``created_by``, ``prompt_cache_breakpoint`` are no-ops; ``caller`` and ``namespace`` are refused when
 they ask for what is not served (``server.translate.unserved``), as are item references.
+
+A message's ``input_image`` parts (``image_url``: a data: URL, or an http(s) URL of an allowed host;
+``detail`` accepted) are stored as sent, so a conversation continued with ``previous_response_id``
+sends the same image again; a ``file_id`` is a 400 (there is no files API). A message with images
+reaches the template with its parts in order (``{"type": "image"}`` where each image stands).
 """
 
 from __future__ import annotations
@@ -23,14 +28,16 @@ import json
 import uuid
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Discriminator, Field, Tag
+from pydantic import BeforeValidator, Discriminator, Field, Tag, model_validator
 
 from decoding import ParameterError
-from server.api.chat.messages import TEXT_ONLY, PromptCacheBreakpoint
+from server.api.chat.messages import PromptCacheBreakpoint
+from server.translate.images import ImagePart
 from server.translate.strict import Strict
 from server.translate.unserved import Caller, Namespace
 
-UNSERVED_PARTS = ("input_image", "input_file", "input_audio")  # parts a text-only model cannot read
+UNSERVED_PARTS = ("input_file", "input_audio")  # parts no served model reads
+IMAGE_ROLES = ("user", "system", "developer")  # OpenAI's: the roles whose messages may hold input_image
 
 
 def new_id(prefix: str) -> str:
@@ -40,8 +47,23 @@ def new_id(prefix: str) -> str:
 def _served_part(part: Any) -> Any:  # noqa: ANN401
     kind = part.get("type") if isinstance(part, dict) else None
     if kind in UNSERVED_PARTS:
-        raise ParameterError(f"{TEXT_ONLY}: {kind} content parts are not supported (send input_text parts)")
+        raise ParameterError(f"{kind} content parts are not supported: this server reads text and images, not "
+                             "files or audio (send input_text or input_image parts)")  # fmt: skip
     return part
+
+
+def _text_output(part: Any) -> Any:  # noqa: ANN401
+    if isinstance(part, dict) and part.get("type") == "input_image":
+        raise ParameterError("a function's output holds input_text parts; send an image in a user message's "
+                             "input_image part")  # fmt: skip
+    return _served_part(part)
+
+
+def _no_file_id(value: Any) -> Any:  # noqa: ANN401
+    if value is not None:
+        raise ParameterError("file_id is not served: this server has no files API; send the image as image_url "
+                             "(a data: URL, data:image/png;base64,...)")  # fmt: skip
+    return value
 
 
 class TextContent(Strict):
@@ -61,21 +83,42 @@ class RefusalContent(Strict):
     refusal: str
 
 
+class ImageContent(Strict):
+    """An image part (OpenAI's ``input_image``): stored as sent, see the module's docstring."""
+
+    type: Literal["input_image"]
+    image_url: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None  # accepted: the model's processor sets the resolution
+    file_id: Annotated[None, BeforeValidator(_no_file_id)] = None
+
+    @model_validator(mode="after")
+    def _has_its_image(self) -> ImageContent:
+        if self.image_url is None:
+            raise ParameterError("an input_image needs its image_url (a data: URL, data:image/png;base64,...)")
+        return self
+
+    def stored(self) -> dict[str, Any]:
+        return {"type": "input_image", "image_url": self.image_url, "detail": self.detail or "auto", "file_id": None}
+
+
 def _part_kind(part: Any) -> str | None:  # noqa: ANN401
     kind = part.get("type") if isinstance(part, dict) else getattr(part, "type", None)
-    return "RefusalContent" if kind == "refusal" else "TextContent" if isinstance(kind, str) else None
+    tags = {"refusal": "RefusalContent", "input_image": "ImageContent"}
+    return tags.get(kind, "TextContent") if isinstance(kind, str) else None
 
 
 ContentPart = Annotated[
-    Annotated[TextContent, Tag("TextContent")] | Annotated[RefusalContent, Tag("RefusalContent")],
+    Annotated[TextContent, Tag("TextContent")] | Annotated[RefusalContent, Tag("RefusalContent")]
+    | Annotated[ImageContent, Tag("ImageContent")],
     Discriminator(_part_kind, custom_error_type="invalid_content_part",
-                  custom_error_message="a content part's type must be input_text, output_text or refusal"),
+                  custom_error_message="a content part's type must be input_text, output_text, input_image or "
+                                       "refusal"),
     BeforeValidator(_served_part),
 ]  # fmt: skip
 
 
-def part_text(part: TextContent | RefusalContent) -> str:
-    return part.text if isinstance(part, TextContent) else part.refusal
+def part_text(part: TextContent | RefusalContent | ImageContent) -> str:
+    return part.text if isinstance(part, TextContent) else part.refusal if isinstance(part, RefusalContent) else ""
 
 
 class MessageItem(Strict):
@@ -86,12 +129,31 @@ class MessageItem(Strict):
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     phase: Literal["commentary", "final_answer"] | None = None
 
+    @model_validator(mode="after")
+    def _images_in_their_roles(self) -> MessageItem:
+        if self.role not in IMAGE_ROLES and any(isinstance(part, ImageContent) for part in self.content):
+            raise ParameterError(
+                f"an input_image belongs to a {', '.join(IMAGE_ROLES)} message, not an {self.role} one"
+            )
+        return self
+
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(part_text(part) for part in self.content)
 
     def stored(self) -> dict[str, Any]:
+        """Its text as one part; with images, each run of text one part and each image its own, in order."""
         kind = "output_text" if self.role == "assistant" else "input_text"
-        parts = [{"type": kind, "text": self.text(), **({"annotations": []} if kind == "output_text" else {})}]
+        runs: list[str | ImageContent] = [""]
+        for part in self.content if isinstance(self.content, list) else []:
+            if isinstance(part, ImageContent):
+                runs += [part, ""]
+            else:
+                runs[-1] += part_text(part)
+        if len(runs) == 1:
+            runs = [self.text()]
+        parts = [run.stored() if isinstance(run, ImageContent) else
+                 {"type": kind, "text": run, **({"annotations": []} if kind == "output_text" else {})}
+                 for run in runs if run != "" or len(runs) == 1]  # fmt: skip
         return {"id": self.id or new_id("msg"), "type": "message", "role": self.role, "content": parts,
                 "status": self.status or "completed"}  # fmt: skip
 
@@ -126,7 +188,7 @@ class FunctionCallOutputItem(Strict):
 
     type: Literal["function_call_output"]
     call_id: str | None = None
-    output: str | list[Annotated[OutputText, BeforeValidator(_served_part)]]
+    output: str | list[Annotated[OutputText, BeforeValidator(_text_output)]]
     id: str | None = None
     status: Literal["in_progress", "completed", "incomplete"] | None = None
     name: str | None = None  # the function that produced it
@@ -201,7 +263,7 @@ def stored_items(input_: str | list[AnyItem]) -> list[dict]:
 def item_texts(item: dict[str, Any]) -> list[str]:
     """Every text of a stored item the template writes out (for the one size check)."""
     if item["type"] == "message":
-        return [part["text"] for part in item["content"]]
+        return [part["text"] for part in item["content"] if part["type"] != "input_image"]
     if item["type"] == "function_call":
         return [item["name"], item["arguments"]]
     if item["type"] == "reasoning":  # a stored reply's thinking: not rendered (template_messages)
@@ -218,7 +280,7 @@ def template_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
     for index, item in enumerate(items):
         if item["type"] == "message":
             role = "system" if item["role"] == "developer" else item["role"]
-            messages.append({"role": role, "content": "".join(part["text"] for part in item["content"])})
+            messages.append({"role": role, "content": _content(item["content"])})
         elif item["type"] == "reasoning":  # an earlier turn's thinking, dropped as reasoning models' templates do
             continue
         elif item["type"] == "function_call":
@@ -235,6 +297,22 @@ def template_messages(instructions: str | None, items: list[dict[str, Any]]) -> 
     if not messages or messages[-1]["role"] == "system":
         raise ParameterError("input must hold at least one message or function_call_output", param="input")
     return messages
+
+
+def _content(parts: list[dict[str, Any]]) -> str | list[dict[str, str]]:
+    """A stored message's content for the template: one text, or with images its parts in order."""
+    if not any(part["type"] == "input_image" for part in parts):
+        return "".join(part["text"] for part in parts)
+    return [{"type": "image"} if part["type"] == "input_image" else {"type": "text", "text": part["text"]}
+            for part in parts]  # fmt: skip
+
+
+def image_parts(items: list[dict[str, Any]], param_of: Any) -> list[tuple[int, ImagePart]]:  # noqa: ANN401
+    """(the item's index, the image) of every image of stored ``items``, in the order the template meets them;
+    ``param_of(index, j)``: the path of item ``index``'s part ``j``, which every error about it names."""
+    return [(index, ImagePart(part["image_url"], param_of(index, j))) for index, item in enumerate(items)
+            if item["type"] == "message" for j, part in enumerate(item["content"])
+            if part["type"] == "input_image"]  # fmt: skip
 
 
 def call_ids(items: list[dict[str, Any]]) -> list[str | None]:

@@ -48,7 +48,7 @@ from server.api.responses.replay import public
 from server.api.responses.store import MAX_TURNS, UNFINISHED, ResponseStore, StoredResponse, page, too_long
 from server.api.responses.stores import open_store
 from server.api.responses.storing import check_room, failure_headers, keep
-from server.api.responses.truncation import rendered
+from server.api.responses.truncation import item_images, rendered
 from server.http.auth import caller_of, require_api_key
 from server.http.errors import APIError
 from server.http.limits import CallerHold, caller_hold
@@ -144,7 +144,8 @@ async def create_response(body: ResponsesRequest, request: Request) -> Response:
     settings = request.app.state.settings
     if body.store is not False:
         await check_room(store_of(request), owner_of(request), settings, earlier_bytes, input_items)
-    prompt_ids, params = await rendered(client, body, params, conversation)
+    images = await item_images(request, client, earlier, input_items)  # stored ones sent again: the same bytes
+    prompt_ids, params = await rendered(client, body, params, conversation, images)
     params = await admitted(client, params, [prompt_ids], "input")
     tool_use = body.tool_use()
     offered = [tool.function.name for tool in tool_use.offered()] if tool_use else []

@@ -22,15 +22,38 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from fastapi import Request
+
 from decoding import EngineClient, GenerationParams
+from decoding.media import ImageInput
 from decoding.params.lengths import new_token_limit
-from server.api.generation import templated
-from server.api.responses.items import call_ids, item_texts, template_messages
+from server.api.generation import images_of, templated
+from server.api.responses.items import call_ids, image_parts, item_texts, template_messages
 from server.api.responses.protocol import ResponsesRequest
 
 KEPT_ROLES = ("system", "developer")
 
 Rendered = tuple[list[int], GenerationParams]
+ImagesByItem = dict[int, list[ImageInput]]  # id() of a conversation's item dict -> its images, in order
+
+
+async def item_images(
+    request: Request, client: EngineClient, earlier: list[dict[str, Any]], input_items: list[dict[str, Any]]
+) -> ImagesByItem:
+    """Every image of the conversation (the stored turns', then this input's), read once before any rendering:
+    each rendering sends the images of the items it keeps (truncation drops whole items). An error names the
+    part (``input[1].content[0]``), or ``previous_response_id`` for an image of the stored turns."""
+
+    def param_of(index: int, j: int) -> str:
+        return f"input[{index - len(earlier)}].content[{j}]" if index >= len(earlier) else "previous_response_id"
+
+    conversation = earlier + input_items
+    located = image_parts(conversation, param_of)
+    files = await images_of(request, client, [part for _, part in located])
+    out: ImagesByItem = {}
+    for (index, _), image in zip(located, files, strict=True):
+        out.setdefault(id(conversation[index]), []).append(image)
+    return out
 
 
 def droppable_units(items: list[dict[str, Any]]) -> list[list[int]]:
@@ -83,14 +106,17 @@ def unkeepable(client: EngineClient, body: ResponsesRequest, items: list[dict[st
 
 
 async def rendered(
-    client: EngineClient, body: ResponsesRequest, params: GenerationParams, conversation: list[dict[str, Any]]
-) -> Rendered:
+    client: EngineClient, body: ResponsesRequest, params: GenerationParams, conversation: list[dict[str, Any]],
+    images: ImagesByItem | None = None,
+) -> Rendered:  # fmt: skip
     """The conversation's prompt ids and the params with the length the context leaves: all of it,
-    or with ``truncation: "auto"`` the fewest oldest units dropped that make it fit."""
+    or with ``truncation: "auto"`` the fewest oldest units dropped that make it fit. ``images``: the
+    conversation's (``item_images``)."""
     tools = body.template_tools()
 
     async def render(items: list[dict[str, Any]]) -> Rendered:
-        return await templated(client, body, params, template_messages(body.instructions, items), tools)
+        kept = [image for item in items for image in (images or {}).get(id(item), [])]
+        return await templated(client, body, params, template_messages(body.instructions, items), tools, images=kept)
 
     if body.truncation != "auto":  # one that cannot fit is the 400 without tokenizing it
         texts = [text for item in conversation for text in item_texts(item)] + [body.instructions or ""]

@@ -7,6 +7,7 @@ from typing import Any
 
 from decoding import ParameterError
 from server.api.chat.messages import ChatMessage
+from server.translate.images import ImagePart
 from server.translate.strict import Strict
 from server.translate.template_kwargs import TemplateKwargs
 from server.translate.tools import Tool
@@ -43,6 +44,10 @@ class TokenizeRequest(Strict):
 
     def template_messages(self) -> list[dict[str, Any]]:
         return [message.as_template_message(i) for i, message in enumerate(self.messages or [])]
+
+    def image_parts(self) -> list[ImagePart]:
+        """The conversation's images, in the order the template meets them (counted in ``count``)."""
+        return [part for i, m in enumerate(self.messages or []) for part in m.image_parts(f"messages[{i}]")]
 
     def template_tools(self) -> list[dict[str, Any]] | None:
         return [tool.model_dump(exclude_none=True) for tool in self.tools] if self.tools else None

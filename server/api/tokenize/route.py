@@ -1,16 +1,16 @@
 """``POST /tokenize`` and ``POST /detokenize`` (vLLM's routes and shapes): what the served tokenizer
 makes of a prompt or a conversation, and back. A conversation is rendered by the same chat template
 (and the same tool-capable fallback) as ``/v1/chat/completions``, so ``count`` is what that endpoint
-reports as ``prompt_tokens``. Tokenizer work runs on the engine client's tokenizer thread; a text
-that cannot fit the context is refused before it, and a token id outside the vocabulary is a 400
-naming ``tokens``."""
+reports as ``prompt_tokens``, its images' placeholder tokens included. Tokenizer work runs on the
+engine client's tokenizer thread; a text that cannot fit the context is refused before it, and a
+token id outside the vocabulary is a 400 naming ``tokens``."""
 
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
 from decoding import ParameterError
-from server.api.generation import engine_of, served_model
+from server.api.generation import engine_of, images_of, served_model
 from server.api.tokenize.protocol import DetokenizeRequest, DetokenizeResponse, TokenizeRequest, TokenizeResponse
 from server.http.auth import require_api_key
 
@@ -27,12 +27,15 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         special = True if body.add_special_tokens is None else body.add_special_tokens
         ids = await client.tokenize(body.prompt, add_special_tokens=special)
     else:
+        messages = body.template_messages()
+        images = await images_of(request, client, body.image_parts())
         ids = await client.apply_chat_template(
-            body.template_messages(),
+            messages,
             tools=body.template_tools(),
             add_generation_prompt=body.add_generation_prompt,
             add_special_tokens=bool(body.add_special_tokens),
             **({"template_kwargs": body.chat_template_kwargs} if body.chat_template_kwargs else {}),
+            **({"images": images} if images else {}),
         )
     strings = await client.token_strings(ids) if body.return_token_strs else None
     return TokenizeResponse(count=len(ids), max_model_len=client.max_model_len, tokens=ids, token_strs=strings)
