@@ -394,3 +394,18 @@ def test_image_settings_defaults_flags_and_start_checks():
                        ({"media_fetch_timeout": 0}, "media_fetch_timeout must be > 0")]:  # fmt: skip
         with pytest.raises(ValueError, match=words):
             Settings(**bad).check()
+
+
+def test_the_contract_states_what_an_image_part_takes():
+    async def schemas(engine: FakeEngineClient, **settings: object) -> dict:
+        app = create_app(Settings(**settings), engine_client=engine)
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as http:
+            return (await http.get("/openapi.json")).json()["components"]["schemas"]
+
+    taken = run(schemas(vision(), max_image_bytes=1000, max_image_pixels=5000, max_images_per_request=3,
+                        allowed_media_domains="images.example.com"))  # fmt: skip
+    for name in ("ImageURLPart", "ImageContent", "ImageBlock"):
+        text = taken[name]["description"]
+        assert "at most 1000 bytes (--max-image-bytes)" in text and "at most 5000 pixels" in text
+        assert "at most 3 images per request" in text and "http(s) URL of images.example.com" in text
+    assert "reads no images" in run(schemas(FakeEngineClient()))["ImageURLPart"]["description"]

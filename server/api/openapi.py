@@ -8,6 +8,11 @@ serves. It also documents a 422 the server never sends (validation errors are 40
 module rewrites the generated document once the engine is up (names and limits are the loaded
 model's), and caches it then.
 
+An image part (chat's ``image_url``, the Responses API's ``input_image``, a Messages ``image`` block)
+says in its description what this server takes: whether the model reads images at all, and the
+limits of the settings table (``--max-image-bytes``, ``--max-image-pixels``,
+``--max-images-per-request``, ``--allowed-media-domains``).
+
 Rules that tie several fields together (``num_beams`` divisible by ``num_beam_groups``, warpers
 only when sampling, a prompt that fits the context…) cannot be said in JSON Schema: they are
 400s, described in each operation's text.
@@ -23,9 +28,11 @@ from pydantic import BaseModel
 
 from decoding.params import BOUNDS, MAX_N, SIZE_LIMITS
 from server.api import APIS
+from server.config.media_domains import parse_media_domains
 from server.translate.aliases import ALIASES
 
 API_PREFIX = "/v1/"
+IMAGE_PART_SCHEMAS = ("ImageURLPart", "ImageContent", "ImageBlock")  # chat's, the Responses API's, Messages'
 ERROR_STATUSES = {
     "400": "A bad parameter, an unknown field, or fields that do not go together; `param` names the field",
     "401": "Missing or wrong API key (only when the server has keys configured)",
@@ -105,6 +112,7 @@ def contract(app: FastAPI) -> dict[str, Any]:
             for schema_name, field in api.required:
                 if schema_name in schemas:
                     _require(schemas[schema_name], field)
+        _state_image_limits(schemas, app.state.settings, engine.facts.takes_images)
     if getattr(app.state, "api_key_digests", None):
         schema["components"]["securitySchemes"] = {"bearer": {"type": "http", "scheme": "bearer"}}
         for path, operations in schema["paths"].items():
@@ -238,6 +246,24 @@ def _constrain_request(model_schema: dict[str, Any], engine: Any) -> None:
                 elif items.get("type") == "array":
                     branch["items"] = {"type": "array", "items": token_id, "minItems": 1}
     _state_sizes(props)
+
+
+def _state_image_limits(schemas: dict[str, Any], settings: Any, takes_images: bool) -> None:  # noqa: ANN401
+    """Each image part's description: what the served model and this server's settings take."""
+    if not takes_images:
+        text = "An image: the served model reads no images, so any image part is a 400 naming it."
+    else:
+        hosts = ", ".join(parse_media_domains(settings.allowed_media_domains)) or "no host"
+        size = f"at most {settings.max_image_bytes} bytes" if settings.max_image_bytes else "any size"
+        text = (
+            f"An image (PNG, JPEG, WebP or GIF; an animated one's first frame): {size} (--max-image-bytes), "
+            f"at most {settings.max_image_pixels} pixels (--max-image-pixels), at most "
+            f"{settings.max_images_per_request} images per request (--max-images-per-request); a data: URL, "
+            f"or an http(s) URL of {hosts} (--allowed-media-domains). Anything else is a 400 naming the part."
+        )
+    for name in IMAGE_PART_SCHEMAS:
+        if name in schemas:
+            schemas[name]["description"] = text
 
 
 def _state_sizes(props: dict[str, Any]) -> None:
