@@ -12,6 +12,7 @@ from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+from decoding.media import ImageInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError
 from decoding.params.model_checks import ModelFacts, check_against_model, check_text_size
@@ -131,11 +132,17 @@ class EngineClient(ABC):
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
         template_kwargs: dict | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> list[int]:
         """Token ids of the rendered conversation plus the generation prompt (unless
         ``add_generation_prompt`` is false); ``tools`` (OpenAI's function tools) are rendered by the
         template too. ``add_special_tokens``: the tokenizer's own (a BOS) added to the rendered text,
         which a template usually writes itself (vLLM's ``/tokenize`` option).
+
+        ``images``: the conversation's images in the order of its ``{"type": "image"}`` content parts
+        (``decoding.media``); the result is then a ``PromptIds`` carrying them, which ``generate`` takes
+        as its ``prompt_ids``. A model that reads no images refuses them: ``ParameterError`` naming the
+        first image's part.
 
         Raises ``ParameterError(param="messages")`` when the tokenizer has no chat template.
         """

@@ -11,6 +11,7 @@ from decoding.engine.core import Engine
 from decoding.engine.limits import EngineLimits
 from decoding.model.attention import register_attention
 from decoding.model.packed_linear import pack_linears
+from decoding.model.vision_tower import takes_images, vision_attention
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
 
@@ -36,7 +37,8 @@ def as_served(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` (its own config object) as the server runs it: Decoda's attention and
     weight layout."""
     ours = copy.deepcopy(model)
-    ours.set_attn_implementation(register_attention())
+    attention = register_attention()
+    ours.set_attn_implementation(vision_attention(attention) if takes_images(ours.config) else attention)
     pack_linears(ours)
     return ours
 
@@ -65,8 +67,9 @@ class EngineHarness:
     def _collect(self, output: RequestOutput) -> None:
         self.outputs.setdefault(output.request_id, []).append(output)
 
-    def add(self, request_id: str, prompt_ids: list[int], params: GenerationParams) -> None:
-        self.engine.add_request(request_id, prompt_ids, params)
+    def add(self, request_id: str, prompt_ids: list[int], params: GenerationParams, **inputs: object) -> None:
+        """``inputs``: the request's other inputs (``image_prompt``, ``encoder_input``)."""
+        self.engine.add_request(request_id, prompt_ids, params, **inputs)
 
     def run(self, max_steps: int = 10_000) -> None:
         with torch.inference_mode():

@@ -14,15 +14,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
 from decoding.client_api import EngineClient, EngineUnavailableError, QueueFullError, ServedModel
+from decoding.engine.image_prompts import ImagePrompter
 from decoding.engine.lora_catalog import LoadsLoras, LoraCatalog
 from decoding.engine.transcription import Transcriber
 from decoding.engine.worker import Worker
+from decoding.media import ImageInput, media_of
 from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams, ParameterError, Strategy
@@ -127,6 +129,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         self._compiler = compiler
         self._compile_thread = OwnThread(thread_name_prefix="decoda-grammar")
         self.transcriber: Transcriber | None = None  # a Whisper model's (launch.start_engine_client sets it)
+        self.image_prompter: ImagePrompter | None = None  # a vision-language model's (likewise)
         if compiler is not None:  # llguidance's view of the vocabulary, built now rather than at the first
             # constraint: for a 150k-token vocabulary (Qwen 2.5) it takes seconds on a busy CPU
             self._compile_thread.submit(compiler.tokenizer).add_done_callback(_log_tokenizer_failure)
@@ -191,8 +194,12 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         add_generation_prompt: bool = True,
         add_special_tokens: bool = False,
         template_kwargs: dict | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> list[int]:
         check_takes_text(self._facts)  # a speech model: the audio API, said before any template work
+        if images and self.image_prompter is None:
+            raise ParameterError(f"model '{self._served_name}' does not take images (it reads text only)",
+                                 param=images[0].param, code="model_not_supported")  # fmt: skip
         template = self._templates.choose(bool(tools))
         if template is None:
             raise ParameterError(
@@ -204,6 +211,11 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         options = {} if template is MODEL_TEMPLATE else {"chat_template": template}
         if tools:
             options["tools"] = tools
+        if images:  # the processor renders, tokenizes and lays out the images in one call
+            prompter = self.image_prompter
+            return await self._off_loop(lambda: prompter.prompt(
+                messages, images, chat_template=options.get("chat_template"), tools=tools,
+                add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs))  # fmt: skip
         options |= template_kwargs or {}  # the template's own variables (chat_template_kwargs), checked by the body
 
         def render() -> list[int]:
@@ -243,6 +255,17 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         return source if isinstance(source, str) else None
 
     # ---- structured outputs, on the compile thread --------------------------------------------------------
+    def check_request(self, params: GenerationParams, prompts: Sequence[Sequence[int]],
+                      prompt_param: str = "prompt") -> None:  # fmt: skip
+        super().check_request(params, prompts, prompt_param)
+        if self.image_prompter is not None:
+            for ids in prompts:
+                self.image_prompter.check(ids, prompt_param)
+                if media_of(ids) is not None and params.custom_generate is not None:
+                    raise ParameterError("custom_generate runs the model's generate() on token ids; it cannot read "
+                                         "a prompt's images", param="custom_generate",
+                                         code="unsupported")  # fmt: skip
+
     async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
         spec = params.structured_output
         if spec is None or self._compiler is None:
@@ -291,7 +314,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
                     pass
 
             self._in_flight.add(request_id)
-            self.worker.submit(request_id, list(prompt_ids), params, sink, encoder_input)
+            self.worker.submit(request_id, list(prompt_ids), params, sink, encoder_input, media_of(prompt_ids))
         return OutputStream(request_id, outputs, self.worker.abort, on_end=self._ended)
 
     async def abort(self, request_id: str) -> None:

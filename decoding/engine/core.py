@@ -17,7 +17,7 @@ import torch
 
 from decoding.custom.jobs import CustomJobs
 from decoding.custom.loading import LoadedMethod
-from decoding.engine import forward_stage, prefill, sample_stage
+from decoding.engine import forward_stage, prefill, sample_stage, vision_stage
 from decoding.engine.drafting import Drafter
 from decoding.engine.encoder_stage import EncoderStage
 from decoding.engine.forward_stage import Fed, by_request
@@ -36,6 +36,7 @@ from decoding.state.request import Request
 from decoding.strategies import DecodingStrategy, Pick, make_strategy
 from decoding.telemetry import EngineObserver
 from decoding.text.detokenizer import token_text
+from decoding.vision.prompt import ImagePrompt
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +104,10 @@ class Engine:
 
     # ---- requests in and out ---------------------------------------------------------------------
     def add_request(self, request_id: str, prompt_ids: list[int], params: GenerationParams,
-                    encoder_input: EncoderInput | None = None) -> None:  # fmt: skip
+                    encoder_input: EncoderInput | None = None,
+                    image_prompt: ImagePrompt | None = None) -> None:  # fmt: skip
         """``encoder_input``: an encoder-decoder model's encoder input (Whisper's features), with
-        ``prompt_ids`` its decoder's prompt (``EncoderStage.inputs``)."""
+        ``prompt_ids`` its decoder's prompt (``EncoderStage.inputs``); ``image_prompt``: the prompt's images."""
         if params.custom_generate is not None:
             self.custom.add(request_id, prompt_ids, params)
             return
@@ -115,6 +117,7 @@ class Engine:
         request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
         if self.encoder is not None:
             self.encoder.attach(request, encoder_input)
+        request.image_prompt = image_prompt
         strategy = make_strategy(request, self.ctx)
         self.strategies[request_id] = strategy
         self.scheduler.add(strategy)
@@ -153,7 +156,7 @@ class Engine:
             self.encoder.run([s.request for s in admitted if not s.request.encoded],
                              lambda request, why: self._fail(self.strategies[request.request_id], why))  # fmt: skip
         self._draft()
-        batch = self._make_room(self._plan())
+        batch = vision_stage.feed(self.runner.model, self._make_room(self._plan()), self._fail)
         if batch:
             batch, logits = self._forward(batch)
             # every plain row's next token in one batched pass, then handed to its strategy

@@ -22,6 +22,7 @@ from decoding.config import EngineConfig
 from decoding.custom.loading import LoadedMethod, load_custom_methods, preflight
 from decoding.engine.client import ChatTemplates, WorkerEngineClient
 from decoding.engine.core import Engine
+from decoding.engine.image_prompts import ImagePrompter
 from decoding.engine.limits import EngineLimits
 from decoding.engine.lora import LoraLimits
 from decoding.engine.prebuild import start_builds
@@ -38,6 +39,7 @@ from decoding.model.loading import LoadedModel, load_model
 from decoding.model.packed_linear import pack_linears
 from decoding.model.registry import ModelLoadError
 from decoding.model.seq2seq import is_encoder_decoder, model_task, seq2seq_facts
+from decoding.model.vision_tower import load_processor, takes_images
 from decoding.params.model_checks import ModelFacts
 from decoding.structured.compiler import GrammarCompiler
 from decoding.telemetry import EngineObserver
@@ -90,6 +92,7 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
         custom_methods=tuple(method.info for method in built.custom_methods.values()),
         bos_token_id=getattr(loaded.model.config, "bos_token_id", None),  # HF's detector reads it (T5: none)
         max_chars_per_token=max_chars_per_token(loaded.tokenizer),
+        takes_images=takes_images(loaded.model.config),
         **seq2seq_facts(loaded.model),
     )
     client = WorkerEngineClient(
@@ -114,6 +117,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
                                              client.generate, config.max_audio_seconds)  # fmt: skip
     if client.transcriber is not None and observer is not None:
         client.transcriber.observer = observer
+    if facts.takes_images:  # a vision-language model: chats with images go through its processor
+        client.image_prompter = ImagePrompter(load_processor(config.model), loaded.model, config.max_image_pixels)
     return client
 
 
@@ -207,6 +212,10 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
 
 def _check_seq2seq_flags(config: EngineConfig, loaded: LoadedModel) -> None:
     """Refuse at start the flags an encoder-decoder model is not served with yet, naming each."""
+    if takes_images(loaded.model.config):
+        for flag, given in {"--compile": config.compile, "--enable-lora/--lora-modules": config.serves_loras}.items():
+            if given:
+                raise ModelLoadError(f"{flag} is not served with vision-language models ({loaded.architecture}) yet")
     if not is_encoder_decoder(loaded.model.config):
         return
     flags = {"--compile": config.compile, "--assistant-model": bool(config.assistant_models),

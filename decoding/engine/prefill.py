@@ -22,7 +22,10 @@ def next_chunk(strategy: DecodingStrategy, budget: int) -> RowInput:
     """The next at most ``budget`` prompt tokens of the strategy's request, as a row of this step."""
     request = strategy.request
     start = request.num_prefilled
-    chunk = request.prompt_ids[start : start + budget]
+    end = start + budget
+    if request.image_prompt is not None:  # a chunk never cuts an image whose tokens attend both ways
+        end = request.image_prompt.span_end(end)
+    chunk = request.prompt_ids[start:end]
     last = start + len(chunk) == len(request.prompt_ids)
     logits_from = 0 if request.params.prompt_logprobs is not None else (len(chunk) - 1 if last else len(chunk))
     return RowInput(strategy.prefill_slot, start, chunk, logits_from, hidden_layers=strategy.hidden_layers)
@@ -39,7 +42,11 @@ def consume_chunk(
     # full blocks of the prompt so far serve later requests with the same start (prefix caching)
     strategy.ctx.pool.register(chunk.slot, request.prompt_ids[: request.num_prefilled])
     strategy.consume_prompt_chunk(chunk)
-    return strategy.start(logits[-1], chunk) if request.prefill_done else []
+    if not request.prefill_done:
+        return []
+    if request.image_prompt is not None:  # the prompt is in: its pixels and image features are not needed again
+        request.image_prompt.let_go()
+    return strategy.start(logits[-1], chunk)
 
 
 def _collect_prompt_logprobs(request: Request, start: int, logits: torch.Tensor, token_text: TokenText) -> None:

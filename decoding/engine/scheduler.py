@@ -49,6 +49,7 @@ from decoding.engine.policy import (
     run_order,
     victim_for,
 )
+from decoding.engine.vision_stage import row_media
 from decoding.kv.blocks import adapter_root
 from decoding.kv.pool import KVPool, SwappedRows
 from decoding.model.lora import LoraResidency
@@ -212,6 +213,9 @@ class Scheduler:
             return False
         strategy.assign_slots([pool.allocate() for _ in range(strategy.num_slots)])
         self._bind_adapter(strategy, adapter)
+        media = row_media(request, pool.keys[0].device)  # a prompt with images: its cache keys, M-RoPE, spans
+        for held in strategy.held_slots() if media is not None else ():
+            pool.media[held] = media
         slot, prompt = strategy.prefill_slot, request.prompt_ids
         cached = 0
         reuses = strategy.reuses_prefix and not has_encoder(strategy)  # cross_slots: why not an encoder's

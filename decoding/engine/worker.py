@@ -28,6 +28,7 @@ import torch
 from decoding.model.seq2seq import EncoderInput
 from decoding.outputs import RequestOutput
 from decoding.params import GenerationParams
+from decoding.vision.prompt import ImagePrompt
 
 if TYPE_CHECKING:  # the worker steps any engine-shaped object; importing it would load the whole engine
     from decoding.engine.core import Engine
@@ -50,6 +51,7 @@ class _Submit:
     params: GenerationParams
     sink: Sink
     encoder_input: EncoderInput | None = None  # an encoder-decoder request's (Whisper's features)
+    image_prompt: ImagePrompt | None = None  # a vision-language model's request: its prompt's images
 
 
 @dataclass
@@ -111,13 +113,13 @@ class Worker:
 
     # ---- called from any thread ----------------------------------------------------------------
     def submit(self, request_id: str, prompt_ids: list[int], params: GenerationParams, sink: Sink,
-               encoder_input: EncoderInput | None = None) -> None:  # fmt: skip
+               encoder_input: EncoderInput | None = None, image_prompt: ImagePrompt | None = None) -> None:  # fmt: skip
         """Queue a request; if the loop has already ended, ``sink`` gets its "unavailable" output at once.
 
         The loop marks itself stopped before it empties the inbox for the last time, so a command
         put after that is seen here, and one put before is seen there: none is left behind.
         """
-        self._inbox.put(_Submit(request_id, prompt_ids, params, sink, encoder_input))
+        self._inbox.put(_Submit(request_id, prompt_ids, params, sink, encoder_input, image_prompt))
         if self._stopped.is_set():
             self._fail_inbox(self._end_message)
 
@@ -175,6 +177,8 @@ class Worker:
             self._sinks[command.request_id] = command.sink
             try:
                 extra = {} if command.encoder_input is None else {"encoder_input": command.encoder_input}
+                if command.image_prompt is not None:
+                    extra["image_prompt"] = command.image_prompt
                 self.engine.add_request(command.request_id, command.prompt_ids, command.params, **extra)
             except Exception as exc:  # bad request state must not kill the worker
                 logger.exception("could not add request %s", command.request_id)

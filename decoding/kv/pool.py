@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from decoding.kv.blocks import ROOT, BlockAllocator, OutOfBlocksError
+from decoding.kv.media_rows import RowMedia, keyed
 
 __all__ = ["KVPool", "NoFreeSlotError", "OutOfBlocksError", "SwappedRows"]
 
@@ -96,6 +97,7 @@ class KVPool:
         self.tables: list[list[int]] = [[] for _ in range(num_slots)]
         self._registered = [_Registered() for _ in range(num_slots)]
         self._roots = [ROOT] * num_slots  # each row's prefix-cache root: its LoRA adapter's (blocks.adapter_root)
+        self.media: list[RowMedia | None] = [None] * num_slots  # a row whose prompt holds images (media_rows.py)
         self._free_slots = list(range(num_slots))
         self.num_copied_blocks = 0  # copy-on-write copies made (a test reads it: beams share prefixes)
         # an encoder-decoder model's pool: each row's cross slot (its request's encoder keys and values,
@@ -181,6 +183,7 @@ class KVPool:
             raise ValueError(f"KV row {slot} freed twice")
         self.truncate(slot, 0)
         self._roots[slot] = ROOT
+        self.media[slot] = None
         self._registered[slot] = _Registered()
         self._free_slots.append(slot)
 
@@ -269,7 +272,7 @@ class KVPool:
     def attach_prefix(self, slot: int, token_ids: list[int], max_tokens: int) -> int:
         """Start an empty row from cached blocks holding a prefix of ``token_ids`` (at most
         ``max_tokens``); returns how many tokens it got for free."""
-        blocks = self.blocks.match(token_ids, self.block_size, max_tokens, self._roots[slot])
+        blocks = self.blocks.match(keyed(token_ids, self.media[slot]), self.block_size, max_tokens, self._roots[slot])
         for block in blocks:
             self.blocks.share(block)
         self.tables[slot] = list(blocks)
@@ -281,6 +284,8 @@ class KVPool:
         registered = self._registered[slot]
         table, size = self.tables[slot], self.block_size
         full = min(len(token_ids) // size, len(table))
+        if full > registered.num_blocks:
+            token_ids = keyed(token_ids, self.media[slot])
         for index in range(registered.num_blocks, full):
             tokens = tuple(token_ids[index * size : (index + 1) * size])
             registered.parent = self.blocks.register(registered.parent, tokens, table[index])

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface
 
+from decoding.kv.media_rows import both_ways, rope_positions
 from decoding.kv.paged_attention import (
     grouped_attention,
     native_available,
@@ -99,6 +100,8 @@ class StepLayout:
         self.token_offsets = torch.tensor(offsets, dtype=torch.long, device=device)  # [num_tokens]
         self.token_positions = torch.tensor(rotary, dtype=torch.long, device=device)  # [num_tokens]
         self.device = device
+        # [3, num_tokens] Qwen2-VL's M-RoPE positions when a row's prompt holds images; None: 1D positions serve
+        self.rope_positions = _rope_positions(pool, segments, self.token_positions)
         self._masks: dict[tuple[str, int | None], torch.Tensor] = {}
         self._multi_blocks = [
             torch.tensor(pool.tables[seg.slot][: pool.blocks_for(seg.start + seg.length)], dtype=torch.long,
@@ -123,6 +126,7 @@ class StepLayout:
         layout.pool, layout.device = pool, tokens["token_blocks"].device
         layout.segments = layout.decode = [Segment(0, 0, 1)] * rows
         layout.multi, layout._multi_blocks, layout._masks, layout.cross = [], [], {}, None
+        layout.rope_positions = None
         layout.num_tokens = rows
         for name, tensor in tokens.items():
             setattr(layout, name, tensor)
@@ -161,10 +165,24 @@ class StepLayout:
                     mask &= (kv[None, :] > seg.start - sliding_window) | (kv[None, :] >= seg.start)
             else:
                 mask = kv[None, :] <= q[:, None]
+                for start, end in both_ways(self.pool.media[seg.slot], seg.start, seg.start + seg.length):
+                    # Gemma 3's image tokens see each other both ways (transformers' blockwise overlay)
+                    mask |= ((q >= start) & (q < end))[:, None] & ((kv >= start) & (kv < end))[None, :]
                 if sliding_window is not None:
                     mask &= kv[None, :] > q[:, None] - sliding_window
             self._masks[key] = mask
         return self._masks[key]
+
+
+def _rope_positions(pool: KVPool, segments: list[Segment], positions: torch.Tensor) -> torch.Tensor | None:
+    """``[3, num_tokens]``: each row's M-RoPE positions (``kv.media_rows``), or None when no row has any."""
+    if not any(pool.media[seg.slot] is not None and pool.media[seg.slot].rope is not None for seg in segments):
+        return None
+    parts, offset = [], 0
+    for seg in segments:
+        parts.append(rope_positions(positions[offset : offset + seg.length], pool.media[seg.slot]))
+        offset += seg.length
+    return torch.cat(parts, dim=1)
 
 
 _active: list[StepLayout | None] = [None]

@@ -32,6 +32,7 @@ import torch
 from transformers import (
     AutoConfig,
     AutoModelForCausalLM,
+    AutoModelForImageTextToText,
     AutoModelForSeq2SeqLM,
     AutoModelForSpeechSeq2Seq,
     AutoTokenizer,
@@ -59,6 +60,7 @@ from decoding.model.registry import (
 )
 from decoding.model.seq2seq import is_encoder_decoder, max_decoder_positions
 from decoding.model.support import check_attention_interface, check_config, check_model
+from decoding.model.vision_tower import takes_images, vision_attention
 from decoding.model.whisper_cache import whisper_folder
 from decoding.params.model_defaults import log_generation_defaults, split_generation_defaults
 
@@ -270,14 +272,18 @@ def _load_folder(folder: Path | str, options: dict[str, Any], **hub: Any) -> tup
     check_config(config)  # refuse before reading the weights
     if options.get("attn_implementation") == ATTENTION_NAME:
         check_attention_interface(config)
+    if takes_images(config):  # Decoda's attention runs the language model; the vision tower keeps SDPA
+        options = {**options, "attn_implementation": vision_attention(options.get("attn_implementation"))}
     model = model_class(config).from_pretrained(str(folder), **options, **hub)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **hub)
     return model, tokenizer
 
 
 def model_class(config: Any) -> type:
-    """The auto class that builds ``config``'s generating model: a causal LM, or an encoder-decoder's
-    text (Bart, Marian) or speech (Whisper) class."""
+    """The auto class that builds ``config``'s generating model: a causal LM, a vision-language model, or
+    an encoder-decoder's text (Bart, Marian) or speech (Whisper) class."""
+    if takes_images(config):
+        return AutoModelForImageTextToText
     if not is_encoder_decoder(config):
         return AutoModelForCausalLM
     if type(config) in AutoModelForSpeechSeq2Seq._model_mapping:

@@ -49,6 +49,9 @@ class RowInput:
     # decoder layer i, num_layers the final normed output; filled in by the runner for every token
     hidden_layers: tuple[int, ...] = ()
     hidden: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> [len(token_ids), hidden]
+    # a prompt chunk holding image tokens: (their offsets in token_ids, the image features replacing their
+    # input embeddings), as a vision-language model's ``masked_scatter`` places them
+    image_features: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 class ModelRunner:
@@ -124,8 +127,14 @@ class ModelRunner:
             if lora_step is not None:
                 context.enter_context(self.lora.bank.active(lora_step))
             kwargs = {} if compiled else {LAYOUT_KWARG: layout}
+            images = [(offsets[i], inputs[i].image_features) for i in order if inputs[i].image_features is not None]
+            if images:  # the image tokens' embeddings are the vision tower's features
+                kwargs["inputs_embeds"] = self._embeddings(input_ids, images)
+            positions = layout.token_positions.unsqueeze(0)
+            if layout.rope_positions is not None:  # Qwen2-VL: [3, 1, num_tokens]
+                positions = layout.rope_positions.unsqueeze(1)
             try:
-                out_logits = self._logits(input_ids, layout.token_positions.unsqueeze(0), keep_index, kwargs)
+                out_logits = self._logits(input_ids, positions, keep_index, kwargs)
             except _ExitReached as exit_:
                 out_logits = self._head(exit_.hidden[:, keep_index])
         for i, row in enumerate(inputs):
@@ -141,8 +150,21 @@ class ModelRunner:
         cross-attention reads the encoder's keys and values from the pool)."""
         if self.seq2seq:
             return decoder_logits(self.model, input_ids, positions, keep, **kwargs)
-        return self.model(input_ids=input_ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
+        ids = None if "inputs_embeds" in kwargs else input_ids
+        return self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                           **kwargs).logits  # fmt: skip
+
+    def _embeddings(self, input_ids: torch.Tensor, images: list[tuple[int, tuple[torch.Tensor, torch.Tensor]]]
+                    ) -> torch.Tensor:  # fmt: skip
+        """``[1, num_tokens, hidden]`` input embeddings with each image token's replaced by its feature. The
+        placeholder ids are looked up as 0 first: some families' image token lies past the text vocabulary."""
+        ids = input_ids.clone()
+        where = torch.cat([offsets + start for start, (offsets, _) in images])
+        ids[0, where] = 0
+        embeds = self.model.get_input_embeddings()(ids)
+        features = torch.cat([feats for _, (_, feats) in images]).to(embeds.dtype)
+        embeds[0, where] = features
+        return embeds
 
     def _adapters(self, inputs: list[RowInput]) -> dict[int, int]:
         """Each row's adapter slot by KV slot, or nothing when no row of the step has an adapter."""

@@ -42,6 +42,7 @@ class ModelFacts:
     input_kind: str = "text"  # what the model's encoder reads: "text", or "audio" (Whisper: the audio API)
     max_encoder_len: int | None = None
     decoder_prompt_len: int = 1
+    takes_images: bool = False  # a vision-language model: chat, Responses and Messages take image parts
 
 
 def check_against_model(

@@ -21,6 +21,7 @@ from decoding.sampling.grammar import mask_budget_of
 from decoding.state.context import EngineContext
 from decoding.text.stop import StopChecker, StopStrings
 from decoding.text.streamer import DeltaStreamer
+from decoding.vision.prompt import ImagePrompt
 
 
 @dataclass
@@ -107,6 +108,8 @@ class Request:
     encoder_length: int = 0
     cross_slot: int | None = None
     encoded: bool = False
+    # a vision-language model's request: its prompt's images (``decoding.vision.prompt``)
+    image_prompt: ImagePrompt | None = None
 
     @classmethod
     def create(

@@ -1,0 +1,72 @@
+"""A chat with images turned into the prompt a vision-language model reads, on the client's text thread.
+
+The files are opened under the server's limits (``vision.image_files``: a bomb or a broken file is a 400
+naming its part), put into the conversation's ``{"type": "image"}`` parts, and the model's processor
+renders, tokenizes and preprocesses them in one ``apply_chat_template(tokenize=True)`` call, as a
+transformers user does; ``vision.prompt`` keeps what the engine needs from its output.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from decoding.media import ImageInput, PromptIds
+from decoding.params import ParameterError
+from decoding.vision.image_files import open_image
+from decoding.vision.prompt import build_image_prompt, image_digest, image_token_id, with_images
+
+
+class ImagePrompter:
+    def __init__(self, processor: Any, model: torch.nn.Module, max_pixels: int) -> None:  # noqa: ANN401
+        self.processor = processor
+        self.config = model.config
+        self.image_token_id = image_token_id(model.config)
+        inner = getattr(model, "model", model)
+        self._rope_index = getattr(inner, "get_rope_index", None)  # Qwen2-VL's M-RoPE positions
+        self.max_pixels = max_pixels
+
+    def prompt(
+        self,
+        messages: list[dict],
+        images: Sequence[ImageInput],
+        *,
+        chat_template: str | None,
+        tools: list[dict] | None,
+        add_generation_prompt: bool,
+        template_kwargs: dict | None,
+    ) -> PromptIds:
+        """The conversation's token ids with its images (``PromptIds.media``). Raises ``ParameterError``
+        naming the part of a file that cannot be opened, and ``messages`` when the template cannot render."""
+        opened = [open_image(image, self.max_pixels) for image in images]
+        try:
+            conversation = with_images(messages, opened)
+        except ValueError as error:
+            raise ParameterError(f"messages: {error}", param="messages") from error
+        options: dict[str, Any] = dict(template_kwargs or {})
+        if chat_template is not None:
+            options["chat_template"] = chat_template
+        if tools:
+            options["tools"] = tools
+        try:
+            processed = self.processor.apply_chat_template(
+                conversation, add_generation_prompt=add_generation_prompt, tokenize=True, return_dict=True,
+                return_tensors="pt", **options,
+            )  # fmt: skip
+        except Exception as error:
+            raise ParameterError(f"the model's processor cannot prepare these messages and images: {error}",
+                                 param="messages") from error  # fmt: skip
+        digests = [image_digest(image) for image in opened]
+        ids, record = build_image_prompt(processed, self.config, digests, [image.param for image in images],
+                                         self._rope_index)  # fmt: skip
+        return PromptIds(ids, record)
+
+    def check(self, prompt_ids: Sequence[int], param: str) -> None:
+        """A prompt holding the image placeholder token must come with its images (a completions prompt
+        that spells the token out, or ids copied without their ``media``): a 400, never a silent image."""
+        if getattr(prompt_ids, "media", None) is None and self.image_token_id in prompt_ids:
+            raise ParameterError(f"the {param} holds the model's image placeholder token ({self.image_token_id}) "
+                                 "without an image; send images as image parts of a chat message",
+                                 param=param, code="invalid_image")  # fmt: skip

@@ -1,0 +1,51 @@
+"""A vision-language model's image side: its vision tower and projector, run on a prompt's images.
+
+Every family transformers serves through ``AutoModelForImageTextToText`` exposes the same entry,
+``get_image_features(**pixel_inputs, return_dict=True).pooler_output``: the features its forward
+scatters into the placeholder positions, per image (a list: LLaVA, Qwen2-VL) or as one tensor
+(Gemma 3's ``[images, tokens, hidden]``, Idefics3's ``[tiles, tokens, hidden]``). Flattened in order they
+are what ``masked_scatter`` writes, token for token, so calling it with the processor's own outputs gives
+the features ``generate()`` computes, whatever the family.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def takes_images(config: Any) -> bool:
+    """A vision-language model: its config has a vision tower's."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def vision_attention(text_attention: str | None) -> dict[str, str | None] | str | None:
+    """The ``attn_implementation`` of a vision-language model: ``text_attention`` for its language model
+    (Decoda's paged attention), and transformers' SDPA for the rest (the vision tower, as ``generate()``
+    runs it by default: its features are then the same)."""
+    if text_attention is None:
+        return None
+    return {"text_config": text_attention, "vision_config": "sdpa", "": "sdpa"}
+
+
+def load_processor(name_or_path: str) -> Any:  # noqa: ANN401
+    """The model's processor (image processor, tokenizer, chat template), as transformers loads it."""
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(name_or_path)
+
+
+@torch.inference_mode()
+def image_features(model: torch.nn.Module, pixel_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``[num_image_tokens, hidden]``: the features of every image of one prompt, in placeholder order."""
+    inner = getattr(model, "model", model)
+    device = next(model.parameters()).device
+    dtype = next(inner.get_input_embeddings().parameters()).dtype
+    inputs = {
+        name: value.to(device, dtype) if value.is_floating_point() else value.to(device)
+        for name, value in pixel_inputs.items()
+    }
+    pooled = inner.get_image_features(**inputs, return_dict=True).pooler_output
+    parts = pooled if isinstance(pooled, list | tuple) else [pooled]
+    return torch.cat([part.reshape(-1, part.shape[-1]) for part in parts])
