@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 def row_media(request: Request, device: torch.device) -> RowMedia | None:
     """What the pool keeps for each row of a request whose prompt holds images."""
-    prompt = request.image_prompt
+    prompt = getattr(request, "image_prompt", None)  # (the scheduler's tests step stand-in requests)
     if prompt is None:
         return None
     rope = None if prompt.rope is None else prompt.rope.to(device)
