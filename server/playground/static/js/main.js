@@ -2,6 +2,7 @@
 // modes, the composer (Enter sends, Shift+Enter is a newline, Escape stops) and the copy dialog.
 
 import { getApiKey, getJSON, serverSpec, setApiKey } from "./api.js";
+import { Attachments } from "./images.js";
 import { OPTIONAL_GROUPS } from "./knobs.js";
 import { Pane } from "./pane.js";
 import { anthropicSnippet, curlSnippet, pythonSnippet } from "./snippets.js";
@@ -13,6 +14,9 @@ const $ = (selector) => document.querySelector(selector);
 const server = { model: null, assistants: [], presets: [], groups: new Set() };
 const panes = [new Pane("A", server, "greedy"), new Pane("B", server, "contrastive")];
 let mode = "chat";
+const attachments = new Attachments({
+  button: $("#attach"), input: $("#image-file"), strip: $("#attachments"), prompt: $("#prompt"),
+});
 
 function active() {
   return mode === "compare" ? panes : panes.slice(0, 1);
@@ -42,6 +46,7 @@ async function loadServer() {
       showTranscription();
       return;
     }
+    if (target && (target.input_modalities || []).includes("image")) attachments.enable();
   } catch (err) {
     $("#model-name").textContent = "not connected";
     if (err.status === 401) {
@@ -98,13 +103,17 @@ function setMode(next) {
 async function send() {
   const prompt = $("#prompt");
   const text = prompt.value.trim();
-  if (!text || panes.some((p) => p.running)) return;
+  if ((!text && !attachments.urls.length) || panes.some((p) => p.running)) return;
   prompt.value = "";
+  const images = attachments.take();
   const system = $("#system-prompt").value.trim();
   setRunning(true);
   try {
-    const states = await Promise.all(active().map((pane) => pane.send(server.model, system, text)));
-    if (states.every((s) => s === "rejected")) prompt.value = text; // fix the field, send again
+    const states = await Promise.all(active().map((pane) => pane.send(server.model, system, text, images)));
+    if (states.every((s) => s === "rejected")) {
+      prompt.value = text; // fix the field, send again
+      attachments.restore(images);
+    }
   } finally {
     setRunning(false);
     prompt.focus();
@@ -124,7 +133,8 @@ function setRunning(running) {
 function openSnippet(pane, format) {
   let body;
   try {
-    body = pane.requestBody(server.model, $("#system-prompt").value.trim(), $("#prompt").value.trim() || "Hello!");
+    const text = $("#prompt").value.trim() || "Hello!";
+    body = pane.requestBody(server.model, $("#system-prompt").value.trim(), text, attachments.urls);
   } catch (err) {
     pane.showRejection(err);
     return;

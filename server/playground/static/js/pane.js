@@ -10,6 +10,7 @@
 
 import { ApiError, detectWatermark, streamChat } from "./api.js";
 import { el } from "./dom.js";
+import { contentParts, messageContent, thumbnails } from "./images.js";
 import { SettingsForm } from "./settings.js";
 
 const NEAR_BOTTOM = 160; // px: keep following the stream unless the reader scrolled up
@@ -46,10 +47,11 @@ export class Pane {
     return this.controller !== null;
   }
 
-  // The request this pane sends for `text` after its history (throws a field's ApiError).
-  requestBody(model, system, text) {
+  // The request this pane sends for `text` (and `images`, data: URLs) after its history (throws a
+  // field's ApiError).
+  requestBody(model, system, text, images = []) {
     const messages = [...(system ? [{ role: "system", content: system }] : []), ...this.history];
-    if (text) messages.push({ role: "user", content: text });
+    if (text || images.length) messages.push({ role: "user", content: messageContent(text, images) });
     return {
       ...(model ? { model } : {}),
       messages,
@@ -61,19 +63,19 @@ export class Pane {
 
   // Runs one turn; resolves to "done", "stopped", "failed" (an error while streaming) or
   // "rejected" (the server refused the request: nothing was added to the conversation).
-  async send(model, system, text) {
+  async send(model, system, text, images = []) {
     this.settings.clearErrors();
     this.error.hidden = true;
     let body;
     try {
-      body = this.requestBody(model, system, text);
+      body = this.requestBody(model, system, text, images);
     } catch (err) {
       this.showRejection(err);
       return "rejected";
     }
     const strategy = this.settings.spec;
     const user = this.addMessage("user", "You");
-    user.querySelector(".content").textContent = text;
+    this.showContent(user, messageContent(text, images));
     const reply = new Reply(this.addMessage("assistant", `Assistant · ${strategy.label}`), strategy);
     this.controller = new AbortController();
     const started = performance.now();
@@ -100,7 +102,7 @@ export class Pane {
     }
     reply.finish(state, performance.now() - started);
     if (body.watermarking_config && state === "done") await reply.scoreWatermark(body.watermarking_config);
-    this.history.push({ role: "user", content: text }, reply.message(0));
+    this.history.push({ role: "user", content: messageContent(text, images) }, reply.message(0));
     this.follow();
     return state;
   }
@@ -139,8 +141,15 @@ export class Pane {
     this.history = history.map((m) => ({ ...m }));
     for (const message of this.history) {
       const node = this.addMessage(message.role, message.role === "user" ? "You" : "Assistant");
-      node.querySelector(".content").textContent = message.content;
+      this.showContent(node, message.content);
     }
+  }
+
+  // A message's text, and its images as thumbnails under it.
+  showContent(node, content) {
+    const { text, urls } = contentParts(content);
+    node.querySelector(".content").textContent = text;
+    if (urls.length) node.append(thumbnails(urls));
   }
 
   clear() {

@@ -92,13 +92,25 @@ function anthropicToolChoice(choice, parallel) {
   return { type: "tool", name: choice.function.name, ...disable };
 }
 
+// A chat message's content as Messages blocks: image_url parts (data: URLs) become base64 image blocks.
+function anthropicContent(content) {
+  if (!Array.isArray(content)) return content ?? "";
+  return content.map((part) => {
+    if (part.type !== "image_url") return part;
+    const [, mediaType, data] = /^data:([^;,]+);base64,(.*)$/s.exec(part.image_url.url) ?? [];
+    return mediaType
+      ? { type: "image", source: { type: "base64", media_type: mediaType, data } }
+      : { type: "image", source: { type: "url", url: part.image_url.url } };
+  });
+}
+
 export function messagesBody(body) {
   const system = body.messages.filter((m) => m.role === "system").map((m) => m.content).join("\n\n");
   const out = {
     model: body.model,
     max_tokens: body.max_tokens ?? body.max_completion_tokens ?? 256,
     messages: body.messages.filter((m) => m.role === "user" || m.role === "assistant")
-      .map((m) => ({ role: m.role, content: m.content ?? "" })),
+      .map((m) => ({ role: m.role, content: anthropicContent(m.content) })),
   };
   if (system) out.system = system;
   if (body.stop !== undefined) out.stop_sequences = Array.isArray(body.stop) ? body.stop : [body.stop];
