@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import base64
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import quote_from_bytes
 
+import anthropic
 import httpx
+import openai
 import pytest
 
 from decoding.media import ImageInput, PromptIds
@@ -22,6 +25,7 @@ from server.config.sources import load_settings
 from server.translate.images import MediaPolicy
 from tests.fake_engine import IMAGE_TOKEN, IMAGE_TOKENS, FakeEngineClient
 from tests.test_api import MODEL, error_of, run
+from tests.test_e2e_openai import free_port
 from tests.test_image_files import encoded, png_declaring
 
 PNG = encoded("PNG")
@@ -409,3 +413,65 @@ def test_the_contract_states_what_an_image_part_takes():
         assert "at most 1000 bytes (--max-image-bytes)" in text and "at most 5000 pixels" in text
         assert "at most 3 images per request" in text and "http(s) URL of images.example.com" in text
     assert "reads no images" in run(schemas(FakeEngineClient()))["ImageURLPart"]["description"]
+
+
+# ---- the SDKs, over HTTP to a real uvicorn ------------------------------------------------------------------
+def served(engine: FakeEngineClient, **settings: object) -> Iterator[str]:
+    """The app around ``engine`` on uvicorn in a thread (a fake engine needs no process of its own)."""
+    import uvicorn
+
+    port = free_port()
+    config = uvicorn.Config(create_app(Settings(**settings), engine_client=engine), host="127.0.0.1", port=port,
+                            log_level="warning")  # fmt: skip
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    for _ in range(600):  # 30 s at most
+        if server.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(30)
+
+
+@pytest.fixture(scope="module")
+def sdk_engine() -> FakeEngineClient:
+    return FakeEngineClient(takes_images=True)
+
+
+@pytest.fixture(scope="module")
+def sdk_server(sdk_engine, tmp_path_factory) -> Iterator[str]:
+    store = f"sqlite:///{tmp_path_factory.mktemp('store') / 'responses.db'}"
+    yield from served(sdk_engine, responses_store=store)
+
+
+def test_the_openai_sdk_sends_chat_and_responses_images(sdk_server, sdk_engine):
+    client = openai.OpenAI(base_url=f"{sdk_server}/v1", api_key="unused")
+    reply = client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"},
+        {"type": "image_url", "image_url": {"url": data_url(PNG), "detail": "low"}}]}])  # fmt: skip
+    assert reply.usage.prompt_tokens == 3 + IMAGE_TOKENS + 1
+    assert sdk_engine.images[-1] == [ImageInput(PNG, "messages[0].content[1]")]
+    first = client.responses.create(model=MODEL, max_output_tokens=2, input=[{"role": "user", "content": [
+        {"type": "input_text", "text": "what is it?"},
+        {"type": "input_image", "image_url": data_url(JPEG, "image/jpeg"), "detail": "auto"}]}])  # fmt: skip
+    assert sdk_engine.images[-1] == [ImageInput(JPEG, "input[0].content[1]")]
+    second = client.responses.create(model=MODEL, max_output_tokens=2, input="and its colour?",
+                                     previous_response_id=first.id)  # fmt: skip
+    assert second.usage.input_tokens > first.usage.input_tokens
+    assert sdk_engine.images[-1] == [ImageInput(JPEG, "previous_response_id")]
+    with pytest.raises(openai.BadRequestError) as refused_:
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+            {"type": "image_url", "image_url": {"url": "file:///etc/passwd"}}]}])  # fmt: skip
+    assert refused_.value.body["param"] == "messages[0].content[0]"
+
+
+def test_the_anthropic_sdk_sends_an_image_block(sdk_server, sdk_engine):
+    client = anthropic.Anthropic(base_url=sdk_server, api_key="unused")
+    message = client.messages.create(model=MODEL, max_tokens=2, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": base64.b64encode(PNG).decode()}},
+        {"type": "text", "text": "what is it?"}]}])  # fmt: skip
+    assert message.usage.input_tokens == IMAGE_TOKENS + 3 + 1
+    assert sdk_engine.images[-1] == [ImageInput(PNG, "messages[0].content[0]")]

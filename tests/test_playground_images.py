@@ -6,35 +6,18 @@ a text-only model's page offers no image button."""
 from __future__ import annotations
 
 import base64
-import threading
 from collections.abc import Iterator
 
 import pytest
 
 from decoding.media import ImageInput
-from server.app import create_app
-from server.config.settings import Settings
 from tests.fake_engine import FakeEngineClient
-from tests.test_e2e_openai import free_port
+from tests.test_api_images import served
 from tests.test_image_files import encoded
 from tests.test_playground_browser import CHROMIUM, Session, pytestmark, sync_playwright, until  # noqa: F401
 
 PNG = encoded("PNG")
 JPEG = encoded("JPEG", (10, 10))
-
-
-def served(engine: FakeEngineClient) -> Iterator[str]:
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(uvicorn.Config(create_app(Settings(), engine_client=engine), host="127.0.0.1", port=port,
-                                           log_level="warning"))  # fmt: skip
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    until(lambda: server.started, 30, "the fake server")
-    yield f"http://127.0.0.1:{port}"
-    server.should_exit = True
-    thread.join(30)
 
 
 @pytest.fixture(scope="module")
