@@ -175,8 +175,9 @@ def test_max_image_pixels_reaches_the_engines_config():
 
 # ---- remote URLs ---------------------------------------------------------------------------------------
 class ImageHost(BaseHTTPRequestHandler):
-    """``/cat.png``: the PNG; ``/big``: more bytes than announced, chunked; ``/away``: a redirect to another
-    host; ``/here``: a redirect to ``/cat.png``; ``/slow``: never answers until the test ends."""
+    """``/cat.png``: the PNG; ``/big``: 50 KiB, chunked (no length); ``/away``: a redirect to another host;
+    ``/here``: a redirect to ``/cat.png``; ``/loop``: a redirect to itself; ``/slow``: no answer until the
+    tests end."""
 
     release = threading.Event()
 
@@ -194,6 +195,8 @@ class ImageHost(BaseHTTPRequestHandler):
             self._send(302, b"", {"Location": "http://localhost:1/cat.png", "Content-Length": "0"})
         elif self.path == "/here":
             self._send(302, b"", {"Location": "/cat.png", "Content-Length": "0"})
+        elif self.path == "/loop":
+            self._send(307, b"", {"Location": "/loop", "Content-Length": "0"})
         elif self.path == "/slow":
             self.release.wait(30)
         else:
@@ -242,6 +245,7 @@ def test_an_image_url_is_refused_by_default_and_for_other_hosts(image_host):
     [
         ("/away", ["'localhost' is not among them"], {}),  # a redirect to a host not allowed is not followed
         ("/missing", ["HTTP 404"], {}),
+        ("/loop", ["redirects more than 3 times"], {}),
         ("/big", ["more than", "--max-image-bytes"], {"max_image_bytes": 10_000}),  # counted while it streams
         ("/cat.png", ["--max-image-bytes"], {"max_image_bytes": len(PNG) - 1}),  # its Content-Length says so
         ("/slow", ["more than 0.3 s (--media-fetch-timeout)"], {"media_fetch_timeout": 0.3}),

@@ -29,7 +29,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass
-from urllib.parse import unquote_to_bytes, urljoin, urlsplit
+from urllib.parse import unquote_to_bytes
 
 import httpx
 
@@ -140,17 +140,21 @@ def _decoded(part: ImagePart, max_bytes: int) -> bytes | None:
     return data
 
 
-def _allowed(part: ImagePart, url: str, policy: MediaPolicy) -> str:
-    """``url`` when this server may fetch it (an http(s) URL of an allowed host), else a 400."""
-    split = urlsplit(url)
-    host = (split.hostname or "").rstrip(".")
-    if split.scheme.lower() not in FETCHED_SCHEMES or not host:
+def _allowed(part: ImagePart, url: str, policy: MediaPolicy) -> httpx.URL:
+    """``url`` when this server may fetch it (an http(s) URL of an allowed host), else a 400. It is parsed
+    by httpx itself, so the host checked is the host connected to."""
+    try:
+        parsed = httpx.URL(url)
+    except (httpx.InvalidURL, ValueError, TypeError):
+        raise _refused(part, f"the image URL {url[:200]!r} does not parse", "invalid_image_url") from None
+    host = parsed.host.lower().rstrip(".")
+    if parsed.scheme not in FETCHED_SCHEMES or not host:
         raise _refused(part, f"the image URL led to {url[:200]!r}, which is not an http(s) URL", "invalid_image_url")
     if host not in policy.hosts:
         allowed = f"only from {', '.join(policy.hosts)}" if policy.hosts else "from no host"
         raise _refused(part, f"this server fetches image URLs {allowed} ({FLAG}); {host!r} is not among them: send "
                        "the image as a data: URL (data:image/png;base64,...)", "image_url_not_allowed")  # fmt: skip
-    return url
+    return parsed
 
 
 async def _fetched(part: ImagePart, policy: MediaPolicy) -> bytes:
@@ -158,12 +162,12 @@ async def _fetched(part: ImagePart, policy: MediaPolicy) -> bytes:
     url = _allowed(part, part.url, policy)
     try:
         async with asyncio.timeout(policy.fetch_timeout):
-            async with httpx.AsyncClient(follow_redirects=False, trust_env=False) as http:
+            async with httpx.AsyncClient(follow_redirects=False, trust_env=False, timeout=policy.fetch_timeout) as http:
                 for _ in range(MAX_REDIRECTS + 1):
                     async with http.stream("GET", url) as response:
                         if not response.is_redirect:
                             return await _body(part, response, policy.limits.max_bytes)
-                        url = _allowed(part, urljoin(url, response.headers.get("location", "")), policy)
+                        url = _allowed(part, str(url.join(response.headers.get("location", ""))), policy)
     except TimeoutError:
         raise _refused(part, f"fetching the image took more than {policy.fetch_timeout:g} s (--media-fetch-timeout)",
                        "image_fetch_failed") from None  # fmt: skip
