@@ -16,9 +16,18 @@ PACKAGES = ("decoding", "server")
 DECODING_LAYERS = (
     ("decoding.outputs", "decoding.config", "decoding.telemetry"),
     ("decoding.params",),
-    ("decoding.client_api", "decoding.transcripts", "decoding.media", "decoding"),  # the torch-free facade the server imports
+    (
+        "decoding.client_api",
+        "decoding.transcripts",
+        "decoding.media",
+        "decoding",
+    ),  # the torch-free facade the server imports
     ("decoding.structured",),
-    ("decoding.text", "decoding.audio", "decoding.vision"),  # what comes in and goes out: text, uploaded audio and images
+    (
+        "decoding.text",
+        "decoding.audio",
+        "decoding.vision",
+    ),  # what comes in and goes out: text, uploaded audio and images
     ("decoding.kv",),
     ("decoding.model",),
     ("decoding.sampling",),

@@ -1,0 +1,167 @@
+"""Vision-language models in the engine: token-exact with ``generate()`` on each family's tiny model.
+
+Each family's folder (``tests/vlm_families.py``) is loaded as the server loads it; the prompt is built by
+``ImagePrompter`` (the model's processor through ``apply_chat_template``, as the engine client does) and
+compared with the ids transformers' processor gives; the tokens with ``model.generate`` on the same
+inputs: greedy, beam search, seeded sampling, two images in one message, alone and 16 requests at once.
+The prefix cache keys image tokens by the image: a repeated image is served from cache (no vision tower
+run), a different image behind the same text never is.
+"""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from transformers import GenerationMixin
+
+from decoding.engine.image_prompts import ImagePrompter
+from decoding.media import ImageInput
+from decoding.params import GenerationParams, ParameterError
+from tests import vlm_families as vf
+from tests.engine_harness import EngineHarness
+
+MAX_NEW = 10
+SERVED = [f for f in vf.VLM_FAMILIES if f.name != "git"]
+MODES = {
+    "greedy": {"do_sample": False},
+    "beam": {"do_sample": False, "num_beams": 3, "num_return_sequences": 2, "length_penalty": 0.8},
+    "sampling": {"do_sample": True, "temperature": 0.9, "top_p": 0.9},
+    "penalties": {"do_sample": False, "repetition_penalty": 1.3, "no_repeat_ngram_size": 2},
+}
+
+
+def png(image) -> bytes:  # noqa: ANN001
+    buffer = io.BytesIO()
+    image.save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+class Served:
+    """One family's folder as the server holds it: its processor, model, and a prompter."""
+
+    def __init__(self, family: vf.VlmFamily, folder: str) -> None:
+        self.family, self.folder = family, folder
+        self.processor, self.model = vf.load(folder)
+        self.prompter = ImagePrompter(self.processor, self.model, max_pixels=4096 * 4096)
+        self.eos = self.model.generation_config.eos_token_id
+
+    def messages(self, text: str, num_images: int = 1) -> list[dict]:
+        return [{"role": "user", "content": [*([{"type": "image"}] * num_images), {"type": "text", "text": text}]}]
+
+    def prompt(self, text: str, seeds: list[int]):  # noqa: ANN201
+        images = [ImageInput(png(vf.make_image(seed)), f"messages[0].content[{i}]") for i, seed in enumerate(seeds)]
+        return self.prompter.prompt(self.messages(text, len(seeds)), images, chat_template=None, tools=None,
+                                    add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+
+    def harness(self, **kwargs: object) -> EngineHarness:
+        return EngineHarness(self.model, self.processor.tokenizer, [self.eos], max_model_len=512, **kwargs)
+
+    def reference(self, text: str, seeds: list[int], mode: str, seed: int | None = None) -> list[list[int]]:
+        """``generate()``'s continuations, each cut after eos."""
+        inputs = vf.hf_inputs(self.folder, self.messages(text, len(seeds)), [vf.make_image(s) for s in seeds])
+        if seed is not None:
+            torch.manual_seed(seed)
+        kwargs = {"top_k": 0, **MODES[mode]}
+        with torch.inference_mode():
+            out = GenerationMixin.generate(self.model, **inputs, max_new_tokens=MAX_NEW, pad_token_id=self.eos,
+                                           **kwargs)  # fmt: skip
+        rows = out[:, inputs["input_ids"].shape[1] :].tolist()
+        return [row[: row.index(self.eos) + 1] if self.eos in row else row for row in rows]
+
+
+def params_for(mode: str, seed: int) -> GenerationParams:
+    kwargs = dict(MODES[mode])
+    n = kwargs.get("num_return_sequences", 1)
+    return GenerationParams(max_new_tokens=MAX_NEW, seed=seed if kwargs["do_sample"] else None, n=n, **kwargs)
+
+
+def ours(harness: EngineHarness, request_id: str, n: int = 1) -> list[list[int]]:
+    return [harness.token_ids(request_id, index) for index in range(n)]
+
+
+@pytest.fixture(scope="module", params=[f.name for f in SERVED])
+def served(request, tmp_path_factory) -> Served:
+    family = vf.BY_NAME[request.param]
+    if family.needs_torchvision and not vf.torchvision_imports():
+        pytest.skip(f"{family.name}'s processor needs torchvision, which does not import beside this torch")
+    folder = family.save(tmp_path_factory.mktemp(family.name))
+    return Served(family, str(folder))
+
+
+def test_the_prompt_is_the_processors(served):
+    prompt = served.prompt("What is this?", [1])
+    expected = vf.hf_inputs(served.folder, served.messages("What is this?"), [vf.make_image(1)])
+    assert list(prompt) == expected["input_ids"][0].tolist()
+    record = prompt.media
+    assert len(record.images) == 1 and record.positions.numel() >= served.family.image_tokens
+
+
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_each_mode_alone_equals_generate(served, mode):
+    harness = served.harness()
+    prompt = served.prompt("Describe it.", [3])
+    params = params_for(mode, 7)
+    harness.add("r", list(prompt), params, image_prompt=prompt.media)
+    harness.run()
+    expected = served.reference("Describe it.", [3], mode, seed=7 if params.do_sample else None)
+    assert ours(harness, "r", params.n) == expected
+
+
+def test_two_images_in_one_message_equal_generate(served):
+    harness = served.harness()
+    prompt = served.prompt("Compare them.", [4, 5])
+    harness.add("r", list(prompt), params_for("greedy", 0), image_prompt=prompt.media)
+    harness.run()
+    assert ours(harness, "r") == served.reference("Compare them.", [4, 5], "greedy")
+
+
+def test_sixteen_requests_at_once_each_equal_generate(served):
+    """Image and text requests of every mode in one batch, with prompt chunks small enough to split them."""
+    cases = [(f"Look {i}", [10 + i % 5], sorted(MODES)[i % len(MODES)]) for i in range(16)]
+    harness = served.harness(max_num_batched_tokens=48)
+    for i, (text, seeds, mode) in enumerate(cases):
+        prompt = served.prompt(text, seeds)
+        harness.add(str(i), list(prompt), params_for(mode, 100 + i), image_prompt=prompt.media)
+    harness.run()
+    for i, (text, seeds, mode) in enumerate(cases):
+        params = params_for(mode, 100 + i)
+        expected = served.reference(text, seeds, mode, seed=100 + i if params.do_sample else None)
+        assert ours(harness, str(i), params.n) == expected, (i, mode)
+
+
+def test_the_prefix_cache_keys_image_tokens_by_the_image(served, monkeypatch):
+    """The same image again: served from cache, the vision tower not run; another image behind the same
+    text: its own K/V and its own answer."""
+    from decoding.engine import vision_stage
+
+    runs = []
+    real = vision_stage.image_features
+    monkeypatch.setattr(vision_stage, "image_features", lambda *a: runs.append(1) or real(*a))
+    harness = served.harness(block_size=4)
+    first = served.prompt("Same text.", [21])
+    harness.add("a", list(first), params_for("greedy", 0), image_prompt=first.media)
+    harness.run()
+    again = served.prompt("Same text.", [21])
+    harness.add("b", list(again), params_for("greedy", 0), image_prompt=again.media)
+    harness.run()
+    other = served.prompt("Same text.", [22])
+    harness.add("c", list(other), params_for("greedy", 0), image_prompt=other.media)
+    harness.run()
+    assert len(runs) == 2  # a and c; b's image tokens were all in the cache
+    cached = [out.num_cached_tokens for out in harness.outputs["b"] if out.finished][0]
+    last_image = int(again.media.positions.max())
+    assert cached > last_image
+    cached_c = [out.num_cached_tokens for out in harness.outputs["c"] if out.finished][0]
+    assert cached_c <= int(other.media.positions.min())
+    assert ours(harness, "b") == ours(harness, "a")
+    assert ours(harness, "c") == served.reference("Same text.", [22], "greedy")
+
+
+def test_a_prompt_with_the_image_token_but_no_image_is_refused(served):
+    prompt = served.prompt("Hi", [1])
+    with pytest.raises(ParameterError) as error:
+        served.prompter.check(list(prompt), "prompt")
+    assert error.value.param == "prompt"
+    served.prompter.check(prompt, "messages")  # with its images: fine
