@@ -299,12 +299,16 @@ def test_responses_image_errors_name_the_part(tmp_path):
         return call(engine or vision(), RESPONSES, body, tmp_path)
 
     refused(create({"type": "input_image", "file_id": "file-123"}), "input[0].content[1].file_id", "no files API")
-    refused(create({"type": "input_image"}), "input[0].content[1]", "needs its image_url")
+    refused(create({"type": "input_image"}), "input[0].content[1]", "without image_url is not served")
     refused(create({"type": "input_image", "image_url": "file:///etc/passwd"}), "input[0].content[1]", "'file:'")
     refused(create({"type": "input_image", "image_url": data_url(PNG)}, FakeEngineClient()), "input[0].content[1]",
             "does not take images")  # fmt: skip
     bomb = {"type": "input_image", "image_url": data_url(png_declaring(30000, 30000))}
     refused(create(bomb), "input[0].content[1]", "too many pixels")
+    replayed = [{"role": "assistant", "content": [{"type": "input_image", "image_url": data_url(PNG)}]},
+                {"role": "user", "content": "and?"}]  # fmt: skip
+    response = call(vision(), RESPONSES, {"input": replayed, "max_output_tokens": 2}, tmp_path)
+    refused(response, "input[0]", "an input_image in an assistant message is not supported")
 
 
 def test_responses_input_tokens_count_the_image(tmp_path):
@@ -354,9 +358,9 @@ def test_messages_image_errors_name_the_part():
     assistant = {"model": MODEL, "max_tokens": 2, "messages": [
         {"role": "user", "content": "hi"}, {"role": "assistant", "content": [base64_block()]},
         {"role": "user", "content": "and?"}]}  # fmt: skip
-    anthropic_error(call(vision(), MESSAGES, assistant), "only a user turn carries image blocks")
+    anthropic_error(call(vision(), MESSAGES, assistant), "only a user turn carries images")
     result = {"type": "tool_result", "tool_use_id": "t", "content": [base64_block()]}
-    anthropic_error(call(vision(), MESSAGES, anthropic_body(result)), "not image blocks")
+    anthropic_error(call(vision(), MESSAGES, anthropic_body(result)), "image blocks in a tool result are not supported")
 
 
 # ---- /tokenize and /v1/models ---------------------------------------------------------------------------

@@ -86,8 +86,8 @@ async def image_inputs(client: EngineClient, parts: Sequence[ImagePart], policy:
     if not parts:
         return []
     if not client.facts.takes_images:
-        raise _refused(parts[0], f"model '{client.model_name}' does not take images (it reads text only)",
-                       "images_not_supported")  # fmt: skip
+        raise _refused(parts[0], f"model '{client.model_name}' does not take images: image parts are not served "
+                       "by a text-only model", "images_not_supported")  # fmt: skip
     if len(parts) > policy.limits.max_images:
         raise _refused(parts[policy.limits.max_images], f"a request may hold at most {policy.limits.max_images} "
                        f"images (--max-images-per-request), this conversation holds {len(parts)}",

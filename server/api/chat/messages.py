@@ -151,7 +151,8 @@ class ChatMessage(Strict):
         if self.role != "assistant" and (self.refusal is not None or _has_refusal_part(self.content)):
             raise ParameterError(f"{param}: only an assistant message carries a refusal", param="messages")
         if self.role != "user" and (images := self.image_parts(param)):
-            raise ParameterError(f"{images[0].param}: only a user message carries images", param=images[0].param)
+            raise ParameterError(f"{images[0].param}: images in a {self.role} message are not supported: only a user "
+                                 "message carries images", param=images[0].param)  # fmt: skip
 
     def image_parts(self, param: str) -> list[ImagePart]:
         """The message's images in order, each named by its path (``param`` is the message's)."""

@@ -104,9 +104,11 @@ def _kind(**tags: str) -> Any:  # noqa: ANN401
 
 def _result_block(block: Any) -> Any:  # noqa: ANN401
     kind = block.get("type") if isinstance(block, dict) else None
-    if kind in (*THINKING_BLOCKS, "image"):
-        raise ParameterError(f"a tool result holds text blocks here, not {kind} blocks (send an image in a user "
-                             "turn's image block)")  # fmt: skip
+    if kind in THINKING_BLOCKS:
+        raise ParameterError(f"a tool result holds text blocks, not {kind} blocks")
+    if kind == "image":
+        raise ParameterError("image blocks in a tool result are not supported here: send the image in a user "
+                             "turn's image block")  # fmt: skip
     return _served_block(block)
 
 
@@ -216,7 +218,8 @@ def _turns(message: InputMessage, param: str) -> list[dict[str, Any]]:
             pieces.append({"type": "text", "text": block.text})
         elif isinstance(block, ImageBlock):
             if message.role != "user":
-                raise ParameterError(f"{where}: only a user turn carries image blocks", param=where)
+                raise ParameterError(f"{where}: image blocks in an assistant turn are not supported: only a user "
+                                     "turn carries images", param=where)  # fmt: skip
             pieces.append({"type": "image"})
         elif isinstance(block, ToolUseBlock):
             if message.role != "assistant":

@@ -54,7 +54,7 @@ def _served_part(part: Any) -> Any:  # noqa: ANN401
 
 def _text_output(part: Any) -> Any:  # noqa: ANN401
     if isinstance(part, dict) and part.get("type") == "input_image":
-        raise ParameterError("a function's output holds input_text parts; send an image in a user message's "
+        raise ParameterError("images in a function's output are not supported: send the image in a user message's "
                              "input_image part")  # fmt: skip
     return _served_part(part)
 
@@ -94,7 +94,8 @@ class ImageContent(Strict):
     @model_validator(mode="after")
     def _has_its_image(self) -> ImageContent:
         if self.image_url is None:
-            raise ParameterError("an input_image needs its image_url (a data: URL, data:image/png;base64,...)")
+            raise ParameterError("an input_image without image_url is not served: send image_url (a data: URL, "
+                                 "data:image/png;base64,...)")  # fmt: skip
         return self
 
     def stored(self) -> dict[str, Any]:
@@ -133,7 +134,8 @@ class MessageItem(Strict):
     def _images_in_their_roles(self) -> MessageItem:
         if self.role not in IMAGE_ROLES and any(isinstance(part, ImageContent) for part in self.content):
             raise ParameterError(
-                f"an input_image belongs to a {', '.join(IMAGE_ROLES)} message, not an {self.role} one"
+                f"an input_image in an {self.role} message is not supported: {', '.join(IMAGE_ROLES)} messages "
+                "carry images"
             )
         return self
 
