@@ -36,6 +36,7 @@ import httpx
 from decoding import EngineClient, ParameterError
 from decoding.media import ImageInput, ImageLimits
 from server.config.media_domains import parse_media_domains
+from server.config.settings import Settings
 
 MAX_REDIRECTS = 3
 FETCHED_SCHEMES = ("http", "https")
@@ -59,7 +60,7 @@ class MediaPolicy:
     fetch_timeout: float = 10.0
 
     @classmethod
-    def of(cls, settings: object) -> MediaPolicy:
+    def of(cls, settings: Settings) -> MediaPolicy:
         """The policy of the server's ``Settings``."""
         limits = ImageLimits(settings.max_image_bytes, settings.max_image_pixels, settings.max_images_per_request)
         return cls(limits, parse_media_domains(settings.allowed_media_domains), settings.media_fetch_timeout)
@@ -114,8 +115,8 @@ def _decoded(part: ImagePart, max_bytes: int) -> bytes | None:
     if scheme in FETCHED_SCHEMES:
         return None
     if scheme != "data":
-        shown = f"'{scheme}:' URLs" if scheme else "a URL without a scheme"
-        raise _refused(part, f"{shown} are not taken: send the image as a data: URL (data:image/png;base64,...) or "
+        shown = f"'{scheme}:' URLs are" if scheme else "a URL without a scheme is"
+        raise _refused(part, f"{shown} not taken: send the image as a data: URL (data:image/png;base64,...) or "
                        f"an http(s) URL of a host {FLAG} names", "invalid_image_url")  # fmt: skip
     header, comma, payload = part.url[len("data:") :].partition(",")
     if not comma:
