@@ -11,7 +11,8 @@ never a ``MemoryError`` or a Pillow exception escaping as a 500. So:
   ``max_pixels`` (``--max-image-pixels``) before ``convert`` decodes anything. Pillow's own process-wide
   guard (``Image.MAX_IMAGE_PIXELS``, which raises ``DecompressionBombError`` inside ``open`` for images
   over twice its value) is left as it is, since other code in the process shares it; its error is
-  answered the same way as ours;
+  answered the same way as ours (so a ``--max-image-pixels`` above that, 179 M pixels by default, takes
+  no image larger than Pillow's guard does);
 - an animated GIF or WebP is read as its first frame, as OpenAI reads a GIF.
 """
 
