@@ -38,6 +38,10 @@ class EngineObserver:
     def on_transcribed(self, audio_seconds: float, seconds: float) -> None:
         """A transcription or translation of ``audio_seconds`` of audio finished after ``seconds``."""
 
+    def on_images_encoded(self, num_images: int, seconds: float) -> None:
+        """The vision tower ran on one prompt's ``num_images`` images in ``seconds`` (a prompt whose image
+        tokens the prefix cache held never runs it)."""
+
     def on_grammar_failed(self, reason: str) -> None:
         """A request's constraint could not go on (``reason``: "error", its matcher's error state, or
         "budget", its masks over their time budget): the request failed with a 400."""

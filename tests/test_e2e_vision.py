@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import re
 import threading
 
 import anthropic
@@ -104,9 +105,15 @@ def test_streaming_chat_with_an_image_equals_the_reply(family):
     assert streamed == whole
 
 
+def images_encoded(base: str) -> float:
+    metrics = httpx.get(f"{base}/metrics", timeout=30).text
+    return float(re.search(r"^decoda_images_encoded_total (\S+)$", metrics, re.M).group(1))
+
+
 def test_responses_input_image_and_a_second_turn_from_the_cache(family):
     name, base, folder = family
     client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
+    before = images_encoded(base)
     first = client.responses.create(model=name, temperature=0, max_output_tokens=MAX_TOKENS, input=[
         {"role": "user", "content": [{"type": "input_image", "image_url": data_url(4), "detail": "auto"},
                                      {"type": "input_text", "text": "What is this?"}]}])  # fmt: skip
@@ -115,6 +122,7 @@ def test_responses_input_image_and_a_second_turn_from_the_cache(family):
                                      previous_response_id=first.id, input="And now?")  # fmt: skip
     image_tokens = vf.BY_NAME[name].image_tokens
     assert second.usage.input_tokens_details.cached_tokens >= image_tokens  # the image's tokens came from cache
+    assert images_encoded(base) == before + 1  # the first turn's image only: the second ran no vision tower
 
 
 def test_messages_image_block_gives_the_chat_answer(family):

@@ -156,7 +156,7 @@ class Engine:
             self.encoder.run([s.request for s in admitted if not s.request.encoded],
                              lambda request, why: self._fail(self.strategies[request.request_id], why))  # fmt: skip
         self._draft()
-        batch = vision_stage.feed(self.runner.model, self._make_room(self._plan()), self._fail)
+        batch = vision_stage.feed(self.runner.model, self._make_room(self._plan()), self._fail, self.observer)
         if batch:
             batch, logits = self._forward(batch)
             # every plain row's next token in one batched pass, then handed to its strategy

@@ -11,6 +11,7 @@ images fails that request alone.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 import torch
@@ -20,6 +21,7 @@ from decoding.kv.media_rows import RowMedia
 from decoding.model.vision_tower import image_features
 from decoding.state.request import Request
 from decoding.strategies import DecodingStrategy
+from decoding.telemetry import EngineObserver
 
 logger = logging.getLogger(__name__)
 
@@ -33,7 +35,8 @@ def row_media(request: Request, device: torch.device) -> RowMedia | None:
     return RowMedia(prompt.cache_keys, rope, prompt.rope_delta, prompt.bidirectional)
 
 
-def feed(model: torch.nn.Module, batch: list[Fed], fail: Callable[[DecodingStrategy, str], None]) -> list[Fed]:
+def feed(model: torch.nn.Module, batch: list[Fed], fail: Callable[[DecodingStrategy, str], None],
+         observer: EngineObserver) -> list[Fed]:  # fmt: skip
     """The batch with each prompt chunk's image features attached (the tower run where needed); the rows of
     a request whose images the tower cannot take leave it, failed."""
     failed: set[int] = set()
@@ -47,7 +50,9 @@ def feed(model: torch.nn.Module, batch: list[Fed], fail: Callable[[DecodingStrat
             continue
         if prompt.features is None:
             try:
+                started = time.perf_counter()
                 prompt.features = image_features(model, prompt.pixel_inputs)
+                observer.on_images_encoded(len(prompt.images), time.perf_counter() - started)
             except Exception as exc:
                 logger.exception("the vision tower failed on request %s", fed.strategy.request.request_id)
                 fail(fed.strategy, f"the vision tower failed on its images: {exc}")

@@ -54,6 +54,9 @@ METRIC_DOCS = {
     "of the last change; labels running_lora_adapters and waiting_lora_adapters: comma-separated adapter names "
     "running requests use and waiting ones need, max_lora: --max-loras)",
     "decoda_audio_seconds_total": "seconds of audio transcribed or translated (counter)",
+    "decoda_images_encoded_total": "images the vision tower ran on; an image whose tokens the prefix cache "
+    "held is not counted (counter)",
+    "decoda_vision_encoder_seconds_total": "seconds the vision tower ran (counter)",
     "decoda_transcription_real_time_factor": "a transcription's wall time over its audio's duration, below 1 "
     "faster than real time (histogram)",
     "decoda_http_requests_total": "HTTP responses sent, errors included (counter; labels route: the path "
@@ -132,6 +135,9 @@ class Metrics(EngineObserver):
             "decoda_structured_output_failures", doc("decoda_structured_output_failures_total"), ["reason"], registry=r
         )
         self.audio_seconds = Counter("decoda_audio_seconds", doc("decoda_audio_seconds_total"), registry=r)
+        self.images_encoded = Counter("decoda_images_encoded", doc("decoda_images_encoded_total"), registry=r)
+        self.vision_seconds = Counter("decoda_vision_encoder_seconds", doc("decoda_vision_encoder_seconds_total"),
+                                      registry=r)  # fmt: skip
         self.real_time_factor = Histogram(
             "decoda_transcription_real_time_factor", doc("decoda_transcription_real_time_factor"),
             buckets=(0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0), registry=r,
@@ -196,6 +202,10 @@ class Metrics(EngineObserver):
         self.audio_seconds.inc(audio_seconds)
         if audio_seconds > 0:
             self.real_time_factor.observe(seconds / audio_seconds)
+
+    def on_images_encoded(self, num_images: int, seconds: float) -> None:
+        self.images_encoded.inc(num_images)
+        self.vision_seconds.inc(seconds)
 
     def on_cache_config(self, block_size: int, num_blocks: int, prefix_caching: bool) -> None:
         self.cache_config = (block_size, num_blocks, prefix_caching)
