@@ -56,7 +56,8 @@ class Served:
                                     add_generation_prompt=True, template_kwargs=None)  # fmt: skip
 
     def harness(self, **kwargs: object) -> EngineHarness:
-        return EngineHarness(self.model, self.processor.tokenizer, [self.eos], max_model_len=512, **kwargs)
+        kwargs.setdefault("max_model_len", 512)
+        return EngineHarness(self.model, self.processor.tokenizer, [self.eos], **kwargs)
 
     def reference(self, text: str, seeds: list[int], mode: str, seed: int | None = None) -> list[list[int]]:
         """``generate()``'s continuations, each cut after eos."""
@@ -165,3 +166,32 @@ def test_a_prompt_with_the_image_token_but_no_image_is_refused(served):
         served.prompter.check(list(prompt), "prompt")
     assert error.value.param == "prompt"
     served.prompter.check(prompt, "messages")  # with its images: fine
+
+
+def test_preempted_image_requests_resume_and_equal_generate(served):
+    """A pool too small for all at once: image requests give way (some half-way through their prompt, their
+    features kept for the rest) and come back with the same answers."""
+    from tests.test_engine_preemption import run_until_preempted
+
+    cases = [(f"Tell {i}", [30 + i]) for i in range(4)]
+    prompts = [served.prompt(text, seeds) for text, seeds in cases]
+    longest = max(len(prompt) for prompt in prompts) + MAX_NEW
+    # room for two prompts, not for their beams grown to full length
+    blocks = 2 * -(-longest // 4) + 4
+    harness = served.harness(max_model_len=longest, max_num_batched_tokens=16, kv_cache_blocks=blocks, block_size=4)
+    for i, prompt in enumerate(prompts):
+        harness.add(str(i), list(prompt), params_for("beam", 0), image_prompt=prompt.media)
+    run_until_preempted(harness)
+    harness.run()
+    for i, (text, seeds) in enumerate(cases):
+        assert ours(harness, str(i), 2) == served.reference(text, seeds, "beam"), i
+    assert harness.engine.pool.blocks.num_used == 0 and all(m is None for m in harness.engine.pool.media)
+
+
+def test_prompt_lookup_with_an_image_keeps_greedy_output(served):
+    harness = served.harness()
+    prompt = served.prompt("Repeat repeat repeat.", [40])
+    harness.add("r", list(prompt), GenerationParams(max_new_tokens=MAX_NEW, do_sample=False,
+                                                    prompt_lookup_num_tokens=3), image_prompt=prompt.media)  # fmt: skip
+    harness.run()
+    assert ours(harness, "r") == served.reference("Repeat repeat repeat.", [40], "greedy")
