@@ -36,6 +36,30 @@ def load_processor(name_or_path: str) -> Any:  # noqa: ANN401
     return AutoProcessor.from_pretrained(name_or_path)
 
 
+# inputs that stack along their first dimension into one tower call: images in a batch (LLaVA, Gemma 3:
+# ``pixel_values`` [images, 3, H, W]) or patches of images listed by their grids (Qwen2-VL: ``pixel_values``
+# [patches, dim] with ``image_grid_thw`` [images, 3]); Idefics3's per-prompt tiles are padded by the processor
+# and do not
+_STACKABLE = ({"pixel_values"}, {"pixel_values", "image_grid_thw"})
+
+
+def stack_key(pixel_inputs: dict[str, torch.Tensor]) -> tuple | None:
+    """What prompts whose images can share one tower call have in common (None: this one runs alone)."""
+    if set(pixel_inputs) not in _STACKABLE:
+        return None
+    values = pixel_inputs["pixel_values"]
+    if "image_grid_thw" not in pixel_inputs and values.dim() != 4:
+        return None
+    return tuple(sorted(pixel_inputs)), tuple(values.shape[1:]), values.dtype
+
+
+def stacked(inputs: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """Several prompts' inputs (of one ``stack_key``) as one call's."""
+    if len(inputs) == 1:
+        return inputs[0]
+    return {name: torch.cat([one[name] for one in inputs]) for name in inputs[0]}
+
+
 @torch.inference_mode()
 def image_features(model: torch.nn.Module, pixel_inputs: dict[str, torch.Tensor]) -> torch.Tensor:
     """``[num_image_tokens, hidden]``: the features of every image of one prompt, in placeholder order."""
