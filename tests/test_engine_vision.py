@@ -195,3 +195,16 @@ def test_prompt_lookup_with_an_image_keeps_greedy_output(served):
                                                     prompt_lookup_num_tokens=3), image_prompt=prompt.media)  # fmt: skip
     harness.run()
     assert ours(harness, "r") == served.reference("Repeat repeat repeat.", [40], "greedy")
+
+
+def test_images_that_break_the_tower_fail_their_request_alone(served):
+    """Two prompts encoded in one call, one of them inconsistent (more image tokens than its images give): the
+    call is retried prompt by prompt, that request fails, the other is answered."""
+    harness = served.harness(max_num_batched_tokens=512)
+    good, bad = served.prompt("Fine.", [50]), served.prompt("Broken.", [51])
+    bad.media.positions = torch.cat([bad.media.positions, torch.tensor([len(bad) - 1])])
+    harness.add("good", list(good), params_for("greedy", 0), image_prompt=good.media)
+    harness.add("bad", list(bad), params_for("greedy", 0), image_prompt=bad.media)
+    harness.run()
+    assert ours(harness, "good") == served.reference("Fine.", [50], "greedy")
+    assert "vision tower" in harness.outputs["bad"][-1].error
