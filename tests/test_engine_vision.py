@@ -208,3 +208,38 @@ def test_images_that_break_the_tower_fail_their_request_alone(served):
     harness.run()
     assert ours(harness, "good") == served.reference("Fine.", [50], "greedy")
     assert "vision tower" in harness.outputs["bad"][-1].error
+
+
+def test_an_assistant_sharing_the_tokenizer_keeps_greedy_output(served):
+    """Speculative decoding: a text-only draft model over the same vocabulary drafts for an image request (its
+    prompt holds the placeholder ids as text); the target verifies, so greedy's tokens stand."""
+    from decoding.engine.core import Engine
+    from tests.engine_harness import as_served, tiny_llama
+
+    vocab = served.model.config.get_text_config().vocab_size
+    harness = served.harness()
+    engine = harness.engine
+    harness.engine = Engine(engine.runner.model, served.processor.tokenizer, [served.eos], engine.limits,
+                            harness._collect, torch.device("cpu"),
+                            assistants={"draft": as_served(tiny_llama(vocab, seed=3))})  # fmt: skip
+    prompt = served.prompt("Draft it.", [60])
+    harness.add("r", list(prompt), GenerationParams(max_new_tokens=MAX_NEW, do_sample=False, assistant_model="draft",
+                                                    num_assistant_tokens=3), image_prompt=prompt.media)  # fmt: skip
+    harness.run()
+    assert ours(harness, "r") == served.reference("Draft it.", [60], "greedy")
+
+
+def test_contrastive_search_with_an_image_answers_the_same_alone_and_in_a_batch(served):
+    """Contrastive search reads the rows' hidden states; with an image they come from the spliced features."""
+    params = GenerationParams(max_new_tokens=MAX_NEW, penalty_alpha=0.6, top_k=4)
+    answers = []
+    for others in (0, 3):
+        harness = served.harness()
+        for i in range(others):
+            extra = served.prompt(f"Other {i}", [70 + i])
+            harness.add(f"o{i}", list(extra), params_for("greedy", 0), image_prompt=extra.media)
+        prompt = served.prompt("Contrast.", [61])
+        harness.add("r", list(prompt), params, image_prompt=prompt.media)
+        harness.run()
+        answers.append(ours(harness, "r"))
+    assert answers[0] == answers[1] and len(answers[0][0]) > 0
