@@ -245,11 +245,11 @@ def wait_ready(url: str, proc: subprocess.Popen, timeout: float) -> str | None:
 
 @contextmanager
 def local_decoda(
-    flags: list[str], timeout: float = 300, *, root: Path = ROOT, log: Path | None = None
+    flags: list[str], timeout: float = 300, *, root: Path = ROOT, log: Path | None = None, port: int | None = None
 ) -> Iterator[tuple[str, subprocess.Popen]]:
-    """A Decoda server of the checkout at ``root`` (this one by default) on a free port, ready, stopped on
-    exit: ``(url, process)``; its output in ``log`` where given."""
-    port = free_port()
+    """A Decoda server of the checkout at ``root`` (this one by default) on ``port`` (else a free one), ready,
+    stopped on exit: ``(url, process)``; its output in ``log`` where given."""
+    port = port or free_port()
     url = f"http://127.0.0.1:{port}"
     command = [sys.executable, "-m", "server.cli", "serve", "--port", str(port), *flags]
     with open(log, "w") if log else contextlib.nullcontext(subprocess.DEVNULL) as out:
