@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import re
 import threading
 
@@ -176,3 +177,23 @@ def test_a_completions_prompt_spelling_the_image_token_is_a_400(served):
     with pytest.raises(openai.BadRequestError) as error:
         client.completions.create(model="llava", prompt="look <image> here", max_tokens=4)
     assert error.value.body["param"] == "prompt"
+
+
+def test_structured_output_and_a_forced_tool_call_with_an_image(served):
+    """The grammar constrains an image request's tokens as any other's: a JSON schema's answer parses and fits,
+    a forced tool call names the tool with arguments of its schema."""
+    base, _ = served["llava"]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
+    schema = {"type": "object", "properties": {"colour": {"type": "string", "maxLength": 8}},
+              "required": ["colour"], "additionalProperties": False}  # fmt: skip
+    out = client.chat.completions.create(
+        model="llava", messages=chat_image("Which colour?", 9), max_tokens=40, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}},
+    )  # fmt: skip
+    answer = json.loads(out.choices[0].message.content)
+    assert set(answer) == {"colour"} and isinstance(answer["colour"], str)
+    tool = {"type": "function", "function": {"name": "describe", "parameters": schema}}
+    called = client.chat.completions.create(model="llava", messages=chat_image("Describe.", 9), max_tokens=120,
+                                            temperature=0, tools=[tool], tool_choice="required")  # fmt: skip
+    (call,) = called.choices[0].message.tool_calls
+    assert call.function.name == "describe" and set(json.loads(call.function.arguments)) == {"colour"}

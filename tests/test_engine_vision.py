@@ -163,9 +163,9 @@ def test_the_prefix_cache_keys_image_tokens_by_the_image(served, monkeypatch):
 def test_a_prompt_with_the_image_token_but_no_image_is_refused(served):
     prompt = served.prompt("Hi", [1])
     with pytest.raises(ParameterError) as error:
-        served.prompter.check(list(prompt), "prompt")
+        served.prompter.check(params_for("greedy", 0), [list(prompt)], "prompt")
     assert error.value.param == "prompt"
-    served.prompter.check(prompt, "messages")  # with its images: fine
+    served.prompter.check(params_for("greedy", 0), [prompt], "messages")  # with its images: fine
 
 
 def test_preempted_image_requests_resume_and_equal_generate(served):

@@ -211,10 +211,11 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         options = {} if template is MODEL_TEMPLATE else {"chat_template": template}
         if tools:
             options["tools"] = tools
-        if images:  # the processor renders, tokenizes and lays out the images in one call
-            prompter = self.image_prompter
+        if images:  # the processor renders, tokenizes and lays out the images, through the model's template (the
+            # shipped tool template, for a model whose own ignores tools, knows no images)
+            prompter, own = self.image_prompter, self._templates.default
             return await self._off_loop(lambda: prompter.prompt(
-                messages, images, chat_template=options.get("chat_template"), tools=tools,
+                messages, images, chat_template=None if own is MODEL_TEMPLATE else own, tools=tools,
                 add_generation_prompt=add_generation_prompt, template_kwargs=template_kwargs))  # fmt: skip
         options |= template_kwargs or {}  # the template's own variables (chat_template_kwargs), checked by the body
 
@@ -259,12 +260,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
                       prompt_param: str = "prompt") -> None:  # fmt: skip
         super().check_request(params, prompts, prompt_param)
         if self.image_prompter is not None:
-            for ids in prompts:
-                self.image_prompter.check(ids, prompt_param)
-                if media_of(ids) is not None and params.custom_generate is not None:
-                    raise ParameterError("custom_generate runs the model's generate() on token ids; it cannot read "
-                                         "a prompt's images", param="custom_generate",
-                                         code="unsupported")  # fmt: skip
+            self.image_prompter.check(params, prompts, prompt_param)
 
     async def compile_structured_output(self, params: GenerationParams) -> GenerationParams:
         spec = params.structured_output

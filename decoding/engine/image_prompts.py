@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from decoding.media import ImageInput, PromptIds
-from decoding.params import ParameterError
+from decoding.params import GenerationParams, ParameterError
 from decoding.vision.image_files import open_image
 from decoding.vision.prompt import build_image_prompt, image_digest, image_token_id, with_images
 
@@ -63,10 +63,16 @@ class ImagePrompter:
                                          self._rope_index)  # fmt: skip
         return PromptIds(ids, record)
 
-    def check(self, prompt_ids: Sequence[int], param: str) -> None:
+    def check(self, params: GenerationParams, prompts: Sequence[Sequence[int]], param: str) -> None:
         """A prompt holding the image placeholder token must come with its images (a completions prompt
-        that spells the token out, or ids copied without their ``media``): a 400, never a silent image."""
-        if getattr(prompt_ids, "media", None) is None and self.image_token_id in prompt_ids:
-            raise ParameterError(f"the {param} holds the model's image placeholder token ({self.image_token_id}) "
-                                 "without an image; send images as image parts of a chat message",
-                                 param=param, code="invalid_image")  # fmt: skip
+        that spells the token out, or ids copied without their ``media``): a 400, never a silent image. A
+        custom ``generate()`` method runs on token ids: it cannot read a prompt's images."""
+        for prompt_ids in prompts:
+            media = getattr(prompt_ids, "media", None)
+            if media is None and self.image_token_id in prompt_ids:
+                raise ParameterError(f"the {param} holds the model's image placeholder token ({self.image_token_id}) "
+                                     "without an image; send images as image parts of a chat message",
+                                     param=param, code="invalid_image")  # fmt: skip
+            if media is not None and params.custom_generate is not None:
+                raise ParameterError("custom_generate runs the model's generate() on token ids; it cannot read a "
+                                     "prompt's images", param="custom_generate", code="unsupported")  # fmt: skip
