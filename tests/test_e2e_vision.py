@@ -197,3 +197,15 @@ def test_structured_output_and_a_forced_tool_call_with_an_image(served):
                                             temperature=0, tools=[tool], tool_choice="required")  # fmt: skip
     (call,) = called.choices[0].message.tool_calls
     assert call.function.name == "describe" and set(json.loads(call.function.arguments)) == {"colour"}
+
+
+def test_a_text_only_chat_on_a_vision_model_equals_generate(served):
+    base, folder = served["llava"]
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
+    question = [{"role": "user", "content": "Only words."}]
+    out = client.chat.completions.create(model="llava", messages=question, max_tokens=MAX_TOKENS, temperature=0,
+                                         extra_body={"return_token_ids": True})  # fmt: skip
+    tokens = vf.hf_generate(folder, [{"role": "user", "content": "Only words."}], [], max_new_tokens=MAX_TOKENS,
+                            do_sample=False)  # fmt: skip
+    assert out.choices[0].model_extra["token_ids"] == tokens[: len(out.choices[0].model_extra["token_ids"])]
+    assert len(out.choices[0].model_extra["token_ids"]) >= min(len(tokens), MAX_TOKENS) - 1

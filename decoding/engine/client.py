@@ -211,8 +211,9 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
         options = {} if template is MODEL_TEMPLATE else {"chat_template": template}
         if tools:
             options["tools"] = tools
-        if images:  # the processor renders, tokenizes and lays out the images, through the model's template (the
-            # shipped tool template, for a model whose own ignores tools, knows no images)
+        if self.image_prompter is not None:  # a vision-language model's processor renders, tokenizes (its own rule
+            # for special tokens) and lays out any images, through the model's template (the shipped tool template,
+            # for a model whose own ignores tools, knows no images)
             prompter, own = self.image_prompter, self._templates.default
             return await self._off_loop(lambda: prompter.prompt(
                 messages, images, chat_template=None if own is MODEL_TEMPLATE else own, tools=tools,

@@ -38,7 +38,8 @@ class ImagePrompter:
         add_generation_prompt: bool,
         template_kwargs: dict | None,
     ) -> PromptIds:
-        """The conversation's token ids with its images (``PromptIds.media``). Raises ``ParameterError``
+        """The conversation's token ids with its images (``PromptIds.media``; none for a conversation without
+        images, whose ids are still the processor's, as ``generate()`` users get them). Raises ``ParameterError``
         naming the part of a file that cannot be opened, and ``messages`` when the template cannot render."""
         opened = [open_image(image, self.max_pixels) for image in images]
         try:
@@ -58,6 +59,8 @@ class ImagePrompter:
         except Exception as error:
             raise ParameterError(f"the model's processor cannot prepare these messages and images: {error}",
                                  param="messages") from error  # fmt: skip
+        if not images:  # a text-only conversation: the processor's ids, nothing for the engine to keep
+            return PromptIds(processed["input_ids"][0].tolist())
         digests = [image_digest(image) for image in opened]
         ids, record = build_image_prompt(processed, self.config, digests, [image.param for image in images],
                                          self._rope_index)  # fmt: skip
