@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tests.arch_families import BY_TYPE
-from tests.test_e2e_openai import start_server, stop_server
+from tests.test_e2e_openai import start_servers, stop_server
 
 TEMPLATE = "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>"
 
@@ -36,8 +36,14 @@ def chat(base: str) -> httpx.Response:
 
 
 def test_models_reports_the_architecture_and_a_base_model_gets_a_chat_template_from_a_file(folder, tmp_path):
-    base, proc = start_server("--model", str(folder), "--served-model-name", "gemma2", "--quantization", "int8",
-                              "--max-model-len", "128")  # fmt: skip
+    template = tmp_path / "template.jinja"
+    template.write_text(TEMPLATE)
+    # both servers start side by side (each load and warm-up is mostly one core's work)
+    (base, proc), (templated, templated_proc) = start_servers(
+        ("--model", str(folder), "--served-model-name", "gemma2", "--quantization", "int8", "--max-model-len", "128"),
+        ("--model", str(folder), "--served-model-name", "gemma2", "--chat-template", str(template),
+         "--max-model-len", "128"),
+    )  # fmt: skip
     try:
         (entry,) = httpx.get(f"{base}/v1/models").json()["data"]
         assert entry["id"] == "gemma2" and entry["architecture"] == "Gemma2ForCausalLM"
@@ -47,15 +53,9 @@ def test_models_reports_the_architecture_and_a_base_model_gets_a_chat_template_f
         assert refused.status_code == 400 and "chat template" in refused.json()["error"]["message"]
         completion = httpx.post(f"{base}/v1/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=60)
         assert completion.status_code == 200 and completion.json()["usage"]["completion_tokens"] == 3
-    finally:
-        stop_server(proc)
-    template = tmp_path / "template.jinja"
-    template.write_text(TEMPLATE)
-    base, proc = start_server("--model", str(folder), "--served-model-name", "gemma2", "--chat-template", str(template),
-                              "--max-model-len", "128")  # fmt: skip
-    try:
-        answer = chat(base)
+        answer = chat(templated)
         assert answer.status_code == 200, answer.text
         assert answer.json()["usage"]["prompt_tokens"] > 3
     finally:
         stop_server(proc)
+        stop_server(templated_proc)

@@ -64,6 +64,20 @@ def stop_server(proc: subprocess.Popen) -> int:
     return proc.returncode
 
 
+def start_servers(*flag_sets: tuple[str, ...]) -> list[tuple[str, subprocess.Popen]]:
+    """One ``decoda serve`` per flag set, started side by side (each load and warm-up is mostly one
+    core's work); if one fails to start, the others are stopped before the error is raised."""
+    with ThreadPoolExecutor(len(flag_sets)) as pool:
+        futures = [pool.submit(start_server, *flags) for flags in flag_sets]
+    started = [future.result() for future in futures if future.exception() is None]
+    failed = [future.exception() for future in futures if future.exception() is not None]
+    if failed:
+        for _, proc in started:
+            stop_server(proc)
+        raise failed[0]
+    return started
+
+
 @pytest.fixture(scope="module")
 def server(shared_server) -> str:
     """The session's plain server (tests/shared_servers.py); the tests below that need other flags
