@@ -26,11 +26,11 @@ import pytest
 from openai import AsyncOpenAI
 
 from loadtests.loadgen import PROMPTS, RequestResult, one_request
-from tests.test_e2e_openai import MODEL, ROOT, free_port, start_server, stop_server
+from tests.test_e2e_openai import MODEL, ROOT, free_port, start_servers, stop_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e]
 
-MAX_TOKENS = 48
+MAX_TOKENS = 24  # each request long enough to be in flight when the drain begins
 json_logs = ["--log-format", "json"]
 # deploy/nginx.conf loads njs for sticky routing (Debian's libnginx-mod-http-js): without it, as without nginx
 NJS_MODULE = Path("/usr/lib/nginx/modules/ngx_http_js_module.so")
@@ -102,7 +102,7 @@ def test_sigterm_to_one_replica_under_load_loses_nothing(smollm2, tmp_path, load
     # OpenMP threads spin against each other and a step takes seconds). The drain deadline is far
     # beyond what the in-flight requests need on any machine: the test is that they finish, not how fast
     flags = ("--max-model-len", "512", "--drain-timeout", "600", "--num-threads", "1")
-    replicas = [start_server(*flags, *log) for log in ([], json_logs)]
+    replicas = start_servers(flags, (*flags, *json_logs))
     (base_a, proc_a), (base_b, proc_b) = replicas
     listen = free_port()
     conf = nginx_conf(tmp_path, listen, [int(base.rsplit(":", 1)[1]) for base, _ in replicas])
