@@ -34,6 +34,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -195,8 +196,11 @@ async def warm_up(url: str, model: str, max_tokens: int) -> None:
     await client.close()
 
 
-def run(args: argparse.Namespace, folder: Path) -> dict:
-    """Start the server on ``folder``, measure both figures over ``args.rounds`` rounds, stop it: the report."""
+def run(args: argparse.Namespace, folder: Path, save: Callable[[dict], object] = lambda report: None) -> dict:
+    """Start the server on ``folder``, measure both figures over ``args.rounds`` rounds, stop it: the report.
+
+    ``save`` gets the report so far after every round (a long run on a busy machine, stopped part-way, keeps the
+    rounds it finished)."""
     uptime_before = uptime()
     loads: list[float] = []
     stop = threading.Event()
@@ -205,6 +209,17 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
     log = Path(args.out).parent / "logs" / "vision-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     second, phases, seeds = [], [], [IMAGE_SEEDS]
+
+    def report(done: int) -> dict:
+        figures = {"second_turn": second, "phases": phases, "ratios": ratios(phases), "rounds_done": done}
+        return {
+            "model": str(folder),
+            **figures,
+            "uptime_before": uptime_before,
+            "uptime_after": uptime(),
+            "loads": loads,
+        }
+
     try:
         with local_decoda(flags, timeout=args.start_timeout, log=log, port=args.port) as (url, _):
             model = served_model(url)
@@ -221,10 +236,11 @@ def run(args: argparse.Namespace, folder: Path) -> dict:
                     print(f"round {index}, {phase['phase']}: {phase['text_tok_s']:.1f} text tok/s, "
                           f"{phase['image_requests']} image requests, errors {phase['text_errors']}"
                           f"+{phase['image_errors']}", flush=True)  # fmt: skip
+                if index < args.rounds:
+                    save(report(index))
     finally:
         stop.set()
-    return {"model": str(folder), "second_turn": second, "phases": phases, "ratios": ratios(phases),
-            "uptime_before": uptime_before, "uptime_after": uptime(), "loads": loads}  # fmt: skip
+    return report(args.rounds)
 
 
 def ratios(phases: list[dict]) -> list[float]:
@@ -296,11 +312,13 @@ def report_lines(report: dict, args: argparse.Namespace) -> list[str]:
 def write_markdown(report: dict, args: argparse.Namespace, command: str, path: Path) -> Path:
     """The report: what ran where, under what load, and the figures."""
     loads = report["loads"]
+    done = report["rounds_done"]
+    unfinished = f" (so far: {done} of {args.rounds} rounds, the run goes on)" if done < args.rounds else ""
     sampled = f"; 1-min load sampled every 5 s: {min(loads):.2f} to {max(loads):.2f}" if loads else ""
     lines = [
         "# Vision-language serving: a repeated image's second turn, and text clients beside image clients",
         "",
-        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}`.",
+        f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}`{unfinished}.",
         f"CPU: {cpu_summary()}; flags: {cpu_flags()}.",
         f"Load: `{report['uptime_before']}` before, `{report['uptime_after']}` after{sampled} (the server's own "
         "threads included; this machine is shared, so other work may have run beside the benchmark).",
@@ -334,9 +352,9 @@ def main(argv: list[str] | None = None) -> Path:
     folder = Path(args.model) if args.model else vision_folder.bench_folder()
     args.image_tokens = image_tokens(folder)
     args.model_title = "a user's folder" if args.model else vision_folder.TITLE
-    report = run(args, folder)
     given = sys.argv[1:] if argv is None else argv
     command = shlex.join([Path(sys.executable).name, "-m", "loadtests.bench_vision", *given])
+    report = run(args, folder, lambda partial: write_markdown(partial, args, command, Path(args.out)))
     path = write_markdown(report, args, command, Path(args.out))
     print(path.read_text())
     return path

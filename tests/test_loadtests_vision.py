@@ -58,3 +58,21 @@ def test_the_bench_folder_has_the_shapes_the_goals_name():
     prompt = processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     ids = processor(text=prompt, images=[vf.make_image(0, (224, 224))])["input_ids"][0]
     assert list(ids).count(config.image_token_index) == 196
+
+
+def test_a_round_s_report_says_the_run_is_unfinished(tmp_path):
+    args = bench_vision.build_parser().parse_args(["--rounds", "2", "--clients", "2"])
+    args.image_tokens, args.model_title = 16, "tiny"
+    turn = {"round": 1, "prompt_messages": 1, "ttft": 0.5, "cached_tokens": 0, "images": 1.0, "vision_s": 0.1,
+            "error": None}  # fmt: skip
+    phase = {"round": 1, "text_tok_s": 10.0, "text_ttft_p50": 0.1, "wall_s": 1.0, "image_requests": 0,
+             "images": 0.0, "vision_s": 0.0, "image_ttft_p50": None, "text_errors": 0, "image_errors": 0,
+             "first_error": None}  # fmt: skip
+    phases = [{**phase, "phase": bench_vision.ALONE}, {**phase, "phase": bench_vision.BESIDE, "text_tok_s": 5.0}]
+    report = {"model": "m", "second_turn": [{**turn, "turn": 1}, {**turn, "turn": 2, "cached_tokens": 32,
+              "images": 0.0, "vision_s": 0.0, "prompt_messages": 3}], "phases": phases,
+              "ratios": bench_vision.ratios(phases), "rounds_done": 1, "uptime_before": "a", "uptime_after": "b",
+              "loads": [1.0]}  # fmt: skip
+    text = bench_vision.write_markdown(report, args, "cmd", tmp_path / "v.md").read_text()
+    assert "(so far: 1 of 2 rounds, the run goes on)" in text
+    assert "**0.50x** their tokens/s alone (0.50x per round" in text and "goal >= 0.8x: not met" in text
