@@ -66,9 +66,11 @@ def stop_server(proc: subprocess.Popen) -> int:
 
 def start_servers(*flag_sets: tuple[str, ...]) -> list[tuple[str, subprocess.Popen]]:
     """One ``decoda serve`` per flag set, started side by side (each load and warm-up is mostly one
-    core's work); if one fails to start, the others are stopped before the error is raised."""
+    core's work); if one fails to start, the others are stopped before the error is raised. Each may
+    take as long as the starts one after another would have (they share the machine)."""
+    ready_s = 120 * len(flag_sets)
     with ThreadPoolExecutor(len(flag_sets)) as pool:
-        futures = [pool.submit(start_server, *flags) for flags in flag_sets]
+        futures = [pool.submit(start_server, *flags, ready_s=ready_s) for flags in flag_sets]
     started = [future.result() for future in futures if future.exception() is None]
     failed = [future.exception() for future in futures if future.exception() is not None]
     if failed:
