@@ -30,10 +30,24 @@ def vision_attention(text_attention: str | None) -> dict[str, str | None] | str 
 
 
 def load_processor(name_or_path: str) -> Any:  # noqa: ANN401
-    """The model's processor (image processor, tokenizer, chat template), as transformers loads it."""
+    """The model's processor (image processor, tokenizer, chat template), as transformers loads it.
+
+    Some families' processors hold a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM) that transformers builds
+    only where torchvision imports; without it the processor cannot be built at all, so the server refuses
+    to start with that reason instead of a traceback."""
     from transformers import AutoProcessor
 
-    return AutoProcessor.from_pretrained(name_or_path)
+    from decoding.model.registry import ModelLoadError
+
+    try:
+        return AutoProcessor.from_pretrained(name_or_path)
+    except ImportError as error:
+        reason = " ".join(str(error).split()).split(" Check out")[0]
+        raise ModelLoadError(
+            f"the processor of {name_or_path!r} cannot be built here: {reason} (transformers builds it only where "
+            "that library imports; install the build matching this torch, e.g. torchvision from "
+            "https://download.pytorch.org/whl/cpu for a CPU torch)"
+        ) from error
 
 
 # inputs that stack along their first dimension into one tower call: images in a batch (LLaVA, Gemma 3:
