@@ -19,6 +19,7 @@ class EngineConfig:
     block_size: int = 16  # positions per KV block
     prefix_caching: bool = True
     max_num_batched_tokens: int = 512  # token budget of one forward (prefill chunking)
+    max_prefill_share: float = 1.0  # the most of the time prompt work takes while rows decode (engine/prefill_share)
     max_queue: int = 256  # waiting requests beyond this get 429
     request_timeout: float | None = 600.0  # seconds from arrival; None disables
     max_num_beams: int = 8

@@ -206,6 +206,8 @@ def run(args: argparse.Namespace, folder: Path, save: Callable[[dict], object] =
     stop = threading.Event()
     threading.Thread(target=sample_load, args=(loads, stop), daemon=True).start()
     flags = ["--host", "127.0.0.1", "--model", str(folder), "--max-num-seqs", str(max(64, 2 * args.clients))]
+    if args.max_prefill_share is not None:
+        flags += ["--max-prefill-share", str(args.max_prefill_share)]
     log = Path(args.out).parent / "logs" / "vision-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     second, phases, seeds = [], [], [IMAGE_SEEDS]
@@ -315,6 +317,7 @@ def write_markdown(report: dict, args: argparse.Namespace, command: str, path: P
     done = report["rounds_done"]
     unfinished = f" (so far: {done} of {args.rounds} rounds, the run goes on)" if done < args.rounds else ""
     sampled = f"; 1-min load sampled every 5 s: {min(loads):.2f} to {max(loads):.2f}" if loads else ""
+    share = "" if args.max_prefill_share is None else f" with `--max-prefill-share {args.max_prefill_share}`"
     lines = [
         "# Vision-language serving: a repeated image's second turn, and text clients beside image clients",
         "",
@@ -322,7 +325,7 @@ def write_markdown(report: dict, args: argparse.Namespace, command: str, path: P
         f"CPU: {cpu_summary()}; flags: {cpu_flags()}.",
         f"Load: `{report['uptime_before']}` before, `{report['uptime_after']}` after{sampled} (the server's own "
         "threads included; this machine is shared, so other work may have run beside the benchmark).",
-        f"Model: `{report['model']}` ({args.model_title}), one `decoda serve` process. Every request: streamed",
+        f"Model: `{report['model']}` ({args.model_title}), one `decoda serve` process{share}. Every request: streamed",
         f"chat, greedy, `max_tokens` {args.max_tokens} with `ignore_eos`; images: 224x224 random-pixel PNGs.",
         "",
         *report_lines(report, args),
@@ -342,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default=None, help="a LLaVA folder (default: the benchmark's, built once)")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds the server may take to start")
     parser.add_argument("--out", default=str(RESULTS / "vision.md"), help="where the report goes")
+    parser.add_argument("--max-prefill-share", type=float, default=None,
+                        help="the server's --max-prefill-share (default: the server's own, no limit)")  # fmt: skip
     return parser
 
 

@@ -17,11 +17,12 @@ def test_one_round_writes_both_figures_and_the_second_turn_runs_no_vision_tower(
     folder = vf.BY_NAME["llava"].save(tmp_path / "llava")
     out = tmp_path / "results" / "vision.md"
     argv = ["--model", str(folder), "--rounds", "1", "--clients", "2", "--requests-per-client", "1",
-            "--max-tokens", "4", "--out", str(out)]  # fmt: skip
+            "--max-tokens", "4", "--out", str(out), "--max-prefill-share", "0.5"]  # fmt: skip
     assert bench_vision.main(argv) == out
     text = out.read_text()
     assert "-m loadtests.bench_vision --model " in text and "--rounds 1 --clients 2 --requests-per-client 1" in text
     assert "flags: " in text and text.count("load average") >= 2  # uptime before and after
+    assert "one `decoda serve` process with `--max-prefill-share 0.5`" in text  # the flag reached the server
     assert (tmp_path / "results" / "logs" / "vision-server.log").is_file()
 
     rows_a = re.findall(r"^\| 1 \| (\d) \| (\d+) \| [\d.]+ \| (\d+) \| (\d+) \| ([\d.]+) \|$", text, re.M)

@@ -66,7 +66,8 @@ class Engine:
                                set(eos_token_ids), tokenizer)  # fmt: skip
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer, residency,
-                                   max_rows=limits.max_num_seqs, weights=limits.caller_weights)  # fmt: skip
+                                   max_rows=limits.max_num_seqs, weights=limits.caller_weights,
+                                   prefill_share=limits.max_prefill_share)  # fmt: skip
         self.sampler = BatchSampler(device)
         self.tokenizer = tokenizer
         self.ctx = EngineContext.for_model(
@@ -156,12 +157,18 @@ class Engine:
             self.encoder.run([s.request for s in admitted if not s.request.encoded],
                              lambda request, why: self._fail(self.strategies[request.request_id], why))  # fmt: skip
         self._draft()
+        started = time.perf_counter()
         batch = vision_stage.feed(self.runner.model, self._make_room(self._plan()), self._fail, self.observer)
+        vision_seconds = time.perf_counter() - started  # (nothing but the tower runs in the feed)
         if batch:
+            prompt_tokens = sum(len(fed.row_input.token_ids) for fed in batch if fed.prompt)
+            decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch if not fed.prompt)
             batch, logits = self._forward(batch)
             # every plain row's next token in one batched pass, then handed to its strategy
             sample_stage.sample(self.sampler, self._consume(batch, logits), self._fail)
             self._report({id(fed.strategy): fed.strategy for fed in batch}.values())
+            self.scheduler.prefill_share.record(time.perf_counter() - started, prompt_tokens, decode_tokens,
+                                                vision_seconds)  # fmt: skip
         # after finished requests left, so the gauges never show a stale batch
         self.observer.on_step(len(batch), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
         return bool(ran_custom or batch or admitted or len(self.strategies) != num_requests)
@@ -190,11 +197,15 @@ class Engine:
 
     def _plan(self) -> list[Fed]:
         batch = [Fed(s, row_input, False) for s in self._prefilled() for row_input in s.plan()]
-        budget = self.scheduler.prefill_budget(sum(len(fed.row_input.token_ids) for fed in batch))
+        decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch)
+        budget = self.scheduler.prefill_budget(decode_tokens)
+        before_images = self.scheduler.holds_back_images(decode_tokens)  # prompt work over --max-prefill-share
         for strategy in self.scheduler.stepping():
             if strategy.request.prefill_done or budget <= 0:
                 continue
-            chunk = prefill.next_chunk(strategy, budget)
+            chunk = prefill.next_chunk(strategy, budget, before_images)
+            if not chunk.token_ids:  # its next token is an image's, held back this step
+                continue
             batch.append(Fed(strategy, chunk, True))
             budget -= len(chunk.token_ids)
         return batch

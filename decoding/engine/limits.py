@@ -36,6 +36,7 @@ class EngineLimits:
     block_size: int = DEFAULT_BLOCK_SIZE
     prefix_caching: bool = True
     caller_weights: dict[str, float] = field(default_factory=dict)  # caller -> its fair share's weight (1 if absent)
+    max_prefill_share: float = 1.0  # the most of the time prompt work takes while rows decode (prefill_share.py)
 
 
 def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.device) -> KVPool:

@@ -18,13 +18,19 @@ from decoding.state.request import Request
 from decoding.strategies import DecodingStrategy, Pick
 
 
-def next_chunk(strategy: DecodingStrategy, budget: int) -> RowInput:
-    """The next at most ``budget`` prompt tokens of the strategy's request, as a row of this step."""
+def next_chunk(strategy: DecodingStrategy, budget: int, before_images: bool = False) -> RowInput:
+    """The next at most ``budget`` prompt tokens of the strategy's request, as a row of this step;
+    ``before_images``: stopping before the first image token whose features the vision tower has not
+    computed yet (possibly no token at all), so the step runs no tower call."""
     request = strategy.request
     start = request.num_prefilled
     end = start + budget
-    if request.image_prompt is not None:  # a chunk never cuts an image whose tokens attend both ways
-        end = request.image_prompt.span_end(end)
+    image_prompt = request.image_prompt
+    if image_prompt is not None:  # a chunk never cuts an image whose tokens attend both ways
+        end = image_prompt.span_end(end)
+        if before_images and image_prompt.features is None:
+            later = image_prompt.positions[image_prompt.positions >= start]
+            end = min(end, int(later[0])) if later.numel() else end
     chunk = request.prompt_ids[start:end]
     last = start + len(chunk) == len(request.prompt_ids)
     logits_from = 0 if request.params.prompt_logprobs is not None else (len(chunk) - 1 if last else len(chunk))

@@ -28,7 +28,8 @@ many tokens a step (contrastive candidates, drafts) could leave nothing for prom
 keep a floor of the budget: an admitted request's prefill always makes progress. While a prompt is
 being fed, the running requests of a lower priority sit those steps out (``stepping``): a request of
 higher priority gets its first token after a step as short as on an idle server, not after one carrying
-the whole batch's decode rows.
+the whole batch's decode rows. With ``--max-prefill-share`` below 1, prompt work takes at most that share of
+the time while rows decode (``prefill_share``): beyond it a step carries only a trickle of prompt tokens.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ from decoding.engine.policy import (
     run_order,
     victim_for,
 )
+from decoding.engine.prefill_share import PrefillShare
 from decoding.engine.vision_stage import row_media
 from decoding.kv.blocks import adapter_root
 from decoding.kv.pool import KVPool, SwappedRows
@@ -77,15 +79,18 @@ class Scheduler:
     def __init__(
         self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None,
         loras: LoraResidency | None = None, max_rows: int | None = None, weights: Mapping[str, float] | None = None,
+        prefill_share: float = 1.0,
     ) -> None:  # fmt: skip
         """``loras``: the LoRA adapters; a request with one is admitted once its adapter is resident.
         ``max_rows``: rows running at once (``--max-num-seqs``; default: every row handle of the pool);
-        ``weights``: caller -> its weight in the fair share (1 when absent)."""
+        ``weights``: caller -> its weight in the fair share (1 when absent); ``prefill_share``: the most of
+        the time prompt work takes while rows decode (``--max-prefill-share``, ``prefill_share.py``)."""
         self.pool = pool
         self.loras = loras
         self._adapter_slot: dict[int, int] = {}  # id(strategy) -> the bank slot its adapter holds
         self.max_num_batched_tokens = max_num_batched_tokens
         self.prefill_floor = max(1, int(max_num_batched_tokens * PREFILL_FLOOR_FRACTION))
+        self.prefill_share = PrefillShare(prefill_share)
         self.reserve = reserve_blocks(pool.blocks.num_blocks)
         self.max_rows = max_rows or pool.num_slots
         self.observer = observer or EngineObserver()
@@ -282,8 +287,17 @@ class Scheduler:
         return [strategy for strategy in self.running if priority_of(strategy) <= top]
 
     def prefill_budget(self, num_decode_tokens: int) -> int:
-        """Prompt tokens this step may carry after the decode rows' ``num_decode_tokens``."""
-        return max(self.max_num_batched_tokens - num_decode_tokens, self.prefill_floor)
+        """Prompt tokens this step may carry after the decode rows' ``num_decode_tokens``: what the token
+        budget leaves, or a trickle (as many as the decode tokens) while prompt work is over its share."""
+        budget = max(self.max_num_batched_tokens - num_decode_tokens, self.prefill_floor)
+        if self.prefill_share.limited(num_decode_tokens):
+            return min(budget, num_decode_tokens)
+        return budget
+
+    def holds_back_images(self, num_decode_tokens: int) -> bool:
+        """Whether this step's prompt chunks stop before images not yet through the vision tower (prompt
+        work is over its share: a tower call is the largest lump a step can carry)."""
+        return self.prefill_share.limited(num_decode_tokens)
 
     def remove(self, strategy: DecodingStrategy) -> None:
         """Forget a request and free its rows at once (finished, aborted, failed, timed out); the

@@ -70,6 +70,8 @@ class Settings:
         metadata={"help": "reuse the KV blocks of prompts seen before (--no-prefix-caching: compute every prompt)"},
     )
     max_num_batched_tokens: int = field(default=512, metadata={"help": "token budget per forward (prefill chunking)"})
+    max_prefill_share: float = field(default=1.0, metadata={"help": "most of the time prompt work (prefill, vision "
+        "tower) takes while rows decode, (0, 1]; 1: no limit (README: Prompt work beside streams)"})  # fmt: skip
     max_queue: int = field(default=256, metadata={"help": "waiting requests beyond this get 429"})
     request_timeout: float | None = field(default=600.0, metadata={"help": "seconds per request; 0 disables"})
     max_num_beams: int = field(default=8, metadata={"help": "largest num_beams a request may ask for"})
@@ -311,6 +313,8 @@ class Settings:
         for name in ("responses_lease", "max_audio_seconds", "media_fetch_timeout"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        if not 0 < self.max_prefill_share <= 1:
+            raise ValueError(f"max_prefill_share must be in (0, 1], got {self.max_prefill_share}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
