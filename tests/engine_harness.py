@@ -38,7 +38,7 @@ def as_served(model: torch.nn.Module) -> torch.nn.Module:
     weight layout."""
     ours = copy.deepcopy(model)
     attention = register_attention()
-    ours.set_attn_implementation(vision_attention(attention) if takes_images(ours.config) else attention)
+    ours.set_attn_implementation(vision_attention(attention, ours.config) if takes_images(ours.config) else attention)
     pack_linears(ours)
     return ours
 

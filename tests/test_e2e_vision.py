@@ -5,7 +5,8 @@ A chat ``image_url`` (a data: URL), a Responses ``input_image`` and a Messages `
 ``generate()`` gives on the same folder and image; streaming gives the same; a second Responses turn
 about the same image reads its image tokens from the prefix cache (usage says so); ``/tokenize`` counts the
 image tokens; ``/v1/models`` says the model takes images; a broken image is a 400 naming its part while a
-good request beside it is answered; a completions prompt spelling the image token out is a 400.
+good request beside it is answered; a completions prompt spelling the image token out is a 400. GIT, saved without a
+chat template as microsoft/git-base is, answers a chat with one image as ``generate()`` answers its documented prompt.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 
 from tests import vlm_families as vf
 from tests.shared_servers import SharedServers
+from tests.test_git_prompt import IMAGE_POSITIONS, bare_git, documented
 
 pytestmark = pytest.mark.e2e
 
@@ -209,3 +211,38 @@ def test_a_text_only_chat_on_a_vision_model_equals_generate(served):
                             do_sample=False)  # fmt: skip
     assert out.choices[0].model_extra["token_ids"] == tokens[: len(out.choices[0].model_extra["token_ids"])]
     assert len(out.choices[0].model_extra["token_ids"]) >= min(len(tokens), MAX_TOKENS) - 1
+
+
+@pytest.fixture(scope="module")
+def git_served(tmp_path_factory):
+    """(base URL, folder) of a tiny GIT saved as microsoft/git-base is: no chat template."""
+    root = tmp_path_factory.mktemp("git")
+    servers = SharedServers(root)
+    try:
+        folder = bare_git(root / "git")
+        yield servers.base_url("--model", folder, "--max-model-len", "256"), folder
+    finally:
+        servers.stop_all()
+
+
+def test_git_chat_with_one_image_equals_generate_on_its_documented_prompt(git_served):
+    """One user message, an image part and a text part: [CLS] + the text's tokens after the image's positions
+    (usage counts them), the tokens generate() gives; a system turn or a second image is a 400 naming it."""
+    base, folder = git_served
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="x")
+    out = client.chat.completions.create(model="git", messages=chat_image("what is this?", 1), max_tokens=MAX_TOKENS,
+                                         temperature=0, extra_body={"return_token_ids": True})  # fmt: skip
+    ids, tokens = documented(folder, "what is this?", 1, MAX_TOKENS)
+    eos = vf.load(folder)[1].generation_config.eos_token_id
+    expected = tokens[: tokens.index(eos)] if eos in tokens else tokens
+    assert out.choices[0].model_extra["token_ids"][: len(expected)] == expected and expected
+    assert out.usage.prompt_tokens == IMAGE_POSITIONS + len(ids)
+    system = [{"role": "system", "content": "Be brief."}, *chat_image("what is this?", 1)]
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="git", messages=system, max_tokens=4)
+    assert error.value.body["param"] == "messages" and "one user message" in error.value.body["message"]
+    two = chat_image("compare", 1)
+    two[0]["content"].insert(1, {"type": "image_url", "image_url": {"url": data_url(2)}})
+    with pytest.raises(openai.BadRequestError) as error:
+        client.chat.completions.create(model="git", messages=two, max_tokens=4)
+    assert error.value.body["param"] == "messages[0].content[1]" and "one image" in error.value.body["message"]

@@ -3,9 +3,11 @@
 Each family's folder (``tests/vlm_families.py``) is loaded as the server loads it; the prompt is built by
 ``ImagePrompter`` (the model's processor through ``apply_chat_template``, as the engine client does) and
 compared with the ids transformers' processor gives; the tokens with ``model.generate`` on the same
-inputs: greedy, beam search, seeded sampling, two images in one message, alone and 16 requests at once.
-The prefix cache keys image tokens by the image: a repeated image is served from cache (no vision tower
-run), a different image behind the same text never is.
+inputs: greedy, beam search, seeded sampling, two images in one message, a prompt without an image, alone
+and 16 requests at once. The prefix cache keys image tokens by the image: a repeated image is served from
+cache (no vision tower run), a different image behind the same text never is. GIT's image is no placeholder
+of its text but the model's own prefix: its prompt starts with the image's positions, then the processor's
+ids; it reads one image per prompt (two are a 400 naming the second).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from tests import vlm_families as vf
 from tests.engine_harness import EngineHarness
 
 MAX_NEW = 10
-SERVED = [f for f in vf.VLM_FAMILIES if f.name != "git"]
+SERVED = vf.VLM_FAMILIES
 MODES = {
     "greedy": {"do_sample": False},
     "beam": {"do_sample": False, "num_beams": 3, "num_return_sequences": 2, "length_penalty": 0.8},
@@ -94,9 +96,24 @@ def served(request, tmp_path_factory) -> Served:
 def test_the_prompt_is_the_processors(served):
     prompt = served.prompt("What is this?", [1])
     expected = vf.hf_inputs(served.folder, served.messages("What is this?"), [vf.make_image(1)])
-    assert list(prompt) == expected["input_ids"][0].tolist()
     record = prompt.media
+    assert list(prompt)[record.text_start :] == expected["input_ids"][0].tolist()
     assert len(record.images) == 1 and record.positions.numel() >= served.family.image_tokens
+    if served.family.name == "git":  # the image's 17 features (16 patches + CLS) first, attending both ways
+        assert record.positions.tolist() == list(range(17)) and record.text_start == 17
+        assert record.bidirectional == ((0, 17),) and list(prompt)[:17] == [served.model.config.pad_token_id] * 17
+    else:
+        assert record.text_start == 0
+
+
+def test_a_prompt_without_an_image_equals_generate(served):
+    harness = served.harness()
+    prompt = served.prompter.prompt(served.messages("Only words.", 0), [], chat_template=None, tools=None,
+                                    add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+    assert prompt.media is None
+    harness.add("r", list(prompt), params_for("greedy", 0))
+    harness.run()
+    assert ours(harness, "r") == served.reference("Only words.", [], "greedy")
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
@@ -111,6 +128,11 @@ def test_each_mode_alone_equals_generate(served, mode):
 
 
 def test_two_images_in_one_message_equal_generate(served):
+    if served.family.name == "git":  # GitModel puts one image's features before the text: two are refused
+        with pytest.raises(ParameterError) as error:
+            served.prompt("Compare them.", [4, 5])
+        assert error.value.param == "messages[0].content[1]" and "one image" in str(error.value)
+        return
     harness = served.harness()
     prompt = served.prompt("Compare them.", [4, 5])
     harness.add("r", list(prompt), params_for("greedy", 0), image_prompt=prompt.media)
@@ -176,8 +198,9 @@ def test_preempted_image_requests_resume_and_equal_generate(served):
     cases = [(f"Tell {i}", [30 + i]) for i in range(4)]
     prompts = [served.prompt(text, seeds) for text, seeds in cases]
     longest = max(len(prompt) for prompt in prompts) + MAX_NEW
-    # room for two prompts, not for their beams grown to full length
-    blocks = 2 * -(-longest // 4) + 4
+    # room for two prompts, not for their beams grown to full length (and for admitting one request: its prompt's
+    # blocks and one per row of the default --max-num-seqs 16, which GIT's short prompts would not give)
+    blocks = max(2 * -(-longest // 4) + 4, -(-longest // 4) + 16)
     harness = served.harness(max_model_len=longest, max_num_batched_tokens=16, kv_cache_blocks=blocks, block_size=4)
     for i, prompt in enumerate(prompts):
         harness.add(str(i), list(prompt), params_for("beam", 0), image_prompt=prompt.media)

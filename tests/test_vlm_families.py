@@ -13,6 +13,10 @@ import pytest
 import torch
 import transformers
 
+from decoding.custom.hf_bridge import sdpa
+from decoding.model.attention import register_attention
+from decoding.model.git_forward import routed
+from decoding.model.loading import load_model
 from tests.vlm_families import VLM_FAMILIES, VlmFamily, hf_generate, hf_inputs, load, make_image, torchvision_imports
 
 ASK = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
@@ -49,6 +53,15 @@ def test_git_also_loads_as_a_causal_lm(tmp_path: Path) -> None:
     assert type(transformers.AutoModelForCausalLM.from_pretrained(folder)).__name__ == "GitForCausalLM"
 
 
+def test_git_loads_as_the_server_loads_it(tmp_path: Path) -> None:
+    """GIT is served (it was refused at load): its eager-only text attention is routed to Decoda's paged attention,
+    and the load check's probe through the paged cache gives transformers' own logits."""
+    folder = next(family for family in VLM_FAMILIES if family.name == "git").save(tmp_path / "git")
+    loaded = load_model(str(folder), attn_implementation=register_attention(), cache_dir=str(tmp_path / "cache"))
+    assert loaded.architecture == "GitForCausalLM" and routed(loaded.model)
+    assert loaded.model.config._attn_implementation == "eager"  # GIT's only one; its vision tower runs it too
+
+
 def test_prompt_holds_the_image_placeholders(built: tuple[VlmFamily, Path]) -> None:
     family, folder = built
     processor, _ = load(str(folder))
@@ -77,8 +90,18 @@ def test_two_images_give_two_answers(built: tuple[VlmFamily, Path]) -> None:
 
 
 def test_string_content_renders_without_images(built: tuple[VlmFamily, Path]) -> None:
-    family, folder = built
-    if family.name == "git":
-        pytest.skip("GIT conditions every prompt on an image")
+    _, folder = built
     tokens = hf_generate(folder, [{"role": "user", "content": "Hi"}], [], max_new_tokens=4, do_sample=False)
     assert len(tokens) == 4
+
+
+def test_a_custom_generate_method_runs_git_with_its_own_attention(tmp_path: Path) -> None:
+    """A custom ``generate()`` runs the model with transformers' own attention: GIT's is eager (it has no SDPA),
+    which its served layers run whenever no step layout is given."""
+    folder = next(family for family in VLM_FAMILIES if family.name == "git").save(tmp_path / "git")
+    loaded = load_model(str(folder), attn_implementation=register_attention(), cache_dir=str(tmp_path / "cache"))
+    ids = torch.tensor([[1, 40, 41, 42]])
+    _, reference = load(str(folder))
+    with sdpa(loaded.model):
+        ours = loaded.model.generate(input_ids=ids, max_new_tokens=4, do_sample=False)
+    assert ours.tolist() == reference.generate(input_ids=ids, max_new_tokens=4, do_sample=False).tolist()

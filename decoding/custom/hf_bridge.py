@@ -137,7 +137,8 @@ def sdpa(model: torch.nn.Module) -> Iterator[None]:
     """
     previous = model.config._attn_implementation
     with torch.compiler.set_stance("force_eager"):
-        if previous == "sdpa":
+        if previous in ("sdpa", "eager"):  # transformers' own already (GIT takes eager only: its layers run their own
+            # attention outside a step, ``model.git_forward``)
             yield
             return
         model.set_attn_implementation("sdpa")

@@ -201,7 +201,7 @@ class WorkerEngineClient(LoadsLoras, EngineClient):
             raise ParameterError(f"model '{self._served_name}' does not take images (it reads text only)",
                                  param=images[0].param, code="model_not_supported")  # fmt: skip
         template = self._templates.choose(bool(tools))
-        if template is None:
+        if template is None and (self.image_prompter is None or self.image_prompter.needs_template):
             raise ParameterError(
                 f"model '{self._served_name}' has no chat template (it is a base model); "
                 "use /v1/completions with a plain prompt instead, or start the server with --chat-template FILE",

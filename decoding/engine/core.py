@@ -115,7 +115,8 @@ class Engine:
         check_adapter(self.loras, params)
         if self.encoder is not None:
             prompt_ids, encoder_input = self.encoder.inputs(prompt_ids, encoder_input)
-        request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout)
+        request = Request.create(request_id, prompt_ids, params, self.tokenizer, self.ctx, self.limits.request_timeout,
+                                 image_prompt.text_start if image_prompt is not None else 0)  # fmt: skip
         if self.encoder is not None:
             self.encoder.attach(request, encoder_input)
         request.image_prompt = image_prompt

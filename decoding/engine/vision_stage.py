@@ -32,7 +32,7 @@ def row_media(request: Request, device: torch.device) -> RowMedia | None:
     if prompt is None:
         return None
     rope = None if prompt.rope is None else prompt.rope.to(device)
-    return RowMedia(prompt.cache_keys, rope, prompt.rope_delta, prompt.bidirectional)
+    return RowMedia(prompt.cache_keys, rope, prompt.rope_delta, prompt.bidirectional, prompt.text_start)
 
 
 def feed(model: torch.nn.Module, batch: list[Fed], fail: Callable[[DecodingStrategy, str], None],

@@ -1,6 +1,6 @@
 """What a row whose prompt holds images needs from the pool besides its K/V, kept per row handle.
 
-Three things, all fixed when the request starts and the same for every row of it (its beams, its ``n``
+Four things, all fixed when the request starts and the same for every row of it (its beams, its ``n``
 samples), so the pool keeps them by row handle as it keeps each row's prefix-cache root:
 
 - ``keys``: the prefix cache keys a block by its token ids, and every image's placeholder tokens have
@@ -8,7 +8,9 @@ samples), so the pool keeps them by row handle as it keeps each row's prefix-cac
   images behind the same text never share a block and the same image in a later turn does;
 - ``rope``/``rope_delta``: Qwen2-VL rotates by 3D positions (time, height, width): the prompt's come
   from its processor's grid, and every later token's is its position plus the delta;
-- ``bidirectional``: Gemma 3's image tokens attend to each other both ways while the prompt is fed.
+- ``bidirectional``: Gemma 3's (and GIT's) image tokens attend to each other both ways while the prompt is fed;
+- ``text_start``: GIT's image takes the row's first positions and its text's learned positions count from
+  there (a token at position p has text position p - text_start).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ class RowMedia:
     rope: torch.Tensor | None = None  # [3, prompt_len] M-RoPE positions, on the engine's device
     rope_delta: int = 0
     bidirectional: tuple[tuple[int, int], ...] = ()  # [start, end) prompt spans
+    text_start: int = 0
 
 
 def keyed(token_ids: Sequence[int], media: RowMedia | None) -> Sequence[Hashable]:

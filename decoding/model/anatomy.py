@@ -5,7 +5,8 @@ Llama-style models hold ``model.layers`` and ``model.norm``; GPT-2 and Falcon ``
 contrastive search and DoLa, early exit) and ``--compile`` compiles the layers, so both find them
 by shape rather than by name: the stack is the decoder's one ``ModuleList`` as long as the
 config's ``num_hidden_layers``, the final norm the last normalisation module registered directly
-on the decoder after it.
+on the decoder after it. GIT's stack is ``git.encoder.layer``, with no final norm (each layer ends in
+its own LayerNorm).
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from __future__ import annotations
 import torch
 
 from decoding.model.seq2seq import decoder_layer_stack, is_encoder_decoder
+from decoding.vision.git_prompt import is_git
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The decoder's layer stack, in order."""
     if is_encoder_decoder(model.config):  # the config's layer count is the encoder's
         return decoder_layer_stack(model)
+    if is_git(model.config):
+        return model.git.encoder.layer
     decoder = model.get_decoder()
     count = model.config.get_text_config().num_hidden_layers
     stacks = [child for child in decoder.children() if isinstance(child, torch.nn.ModuleList) and len(child) == count]
@@ -33,6 +37,8 @@ def final_norm(model: torch.nn.Module) -> torch.nn.Module:
     if is_encoder_decoder(model.config):  # Whisper's and mBART's ``layer_norm``; Bart's and Marian's: none
         norm = getattr(decoder, "layer_norm", None)
         return norm if norm is not None else torch.nn.Identity()
+    if is_git(model.config):
+        return torch.nn.Identity()
     layers = decoder_layers(model)
     after = False
     norm = None

@@ -273,7 +273,7 @@ def _load_folder(folder: Path | str, options: dict[str, Any], **hub: Any) -> tup
     if options.get("attn_implementation") == ATTENTION_NAME:
         check_attention_interface(config)
     if takes_images(config):  # Decoda's attention runs the language model; the vision tower keeps SDPA
-        options = {**options, "attn_implementation": vision_attention(options.get("attn_implementation"))}
+        options = {**options, "attn_implementation": vision_attention(options.get("attn_implementation"), config)}
     model = model_class(config).from_pretrained(str(folder), **options, **hub)
     tokenizer = AutoTokenizer.from_pretrained(str(folder), **hub)
     return model, tokenizer

@@ -25,8 +25,10 @@ from decoding.model.anatomy import decoder_layers, final_norm
 from decoding.model.attention import LAYOUT_KWARG, Segment, StepLayout, active_layout
 from decoding.model.compile import is_compiled
 from decoding.model.cuda_graphs import DecodeGraphs, wants_cuda_graphs
+from decoding.model.git_forward import git_logits, route_attention
 from decoding.model.lora import LoraResidency
 from decoding.model.seq2seq import decoder_logits, is_encoder_decoder
+from decoding.vision.git_prompt import is_git
 
 
 class _ExitReached(Exception):
@@ -68,6 +70,9 @@ class ModelRunner:
         self.num_layers = len(self.layers)
         self.compiled = is_compiled(model)
         self.seq2seq = is_encoder_decoder(model.config)
+        self.git = is_git(model.config)  # GIT puts its image before its text itself: its own forward
+        if self.git:
+            route_attention(model)
         self.graphs = None  # decode-only steps replayed from CUDA graphs (``--compile`` on a GPU)
         if wants_cuda_graphs(model):
             self.graphs = DecodeGraphs(pool, device, self._decode_call, replay=device.type == "cuda")
@@ -128,7 +133,9 @@ class ModelRunner:
                 context.enter_context(self.lora.bank.active(lora_step))
             kwargs = {} if compiled else {LAYOUT_KWARG: layout}
             images = [(offsets[i], inputs[i].image_features) for i in order if inputs[i].image_features is not None]
-            if images:  # the image tokens' embeddings are the vision tower's features
+            if self.git:  # its features replace the image positions' hidden states after its embeddings
+                kwargs = {LAYOUT_KWARG: layout, "images": images}
+            elif images:  # the image tokens' embeddings are the vision tower's features
                 kwargs["inputs_embeds"] = self._embeddings(input_ids, images)
             positions = layout.token_positions.unsqueeze(0)
             if layout.rope_positions is not None:  # Qwen2-VL: [3, 1, num_tokens]
@@ -146,10 +153,12 @@ class ModelRunner:
 
     def _logits(self, input_ids: torch.Tensor, positions: torch.Tensor, keep: torch.Tensor,
                 kwargs: dict) -> torch.Tensor:  # fmt: skip
-        """``[1, kept, vocab]``: the whole model's, or an encoder-decoder's decoder alone (its
-        cross-attention reads the encoder's keys and values from the pool)."""
+        """``[1, kept, vocab]``: the whole model's, an encoder-decoder's decoder alone (its cross-attention
+        reads the encoder's keys and values from the pool), or GIT's own forward (``git_forward``)."""
         if self.seq2seq:
             return decoder_logits(self.model, input_ids, positions, keep, **kwargs)
+        if self.git:
+            return git_logits(self.model, input_ids, keep, kwargs[LAYOUT_KWARG], kwargs["images"])
         ids = None if "inputs_embeds" in kwargs else input_ids
         return self.model(input_ids=ids, position_ids=positions, use_cache=False, logits_to_keep=keep,
                           **kwargs).logits  # fmt: skip

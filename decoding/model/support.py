@@ -13,7 +13,9 @@ every layer's attention goes through transformers' ``AttentionInterface``. Two c
    through the paged cache (one prefill chunk, then a decode step) must give the logits the same
    model gives with transformers' eager attention. That catches what no config field says:
    position information smuggled through the attention mask (ALiBi), masks Decoda does not build
-   (chunked, bidirectional), a layer whose attention bypasses the interface.
+   (chunked, bidirectional), a layer whose attention bypasses the interface. GIT's text attention,
+   eager-only in transformers, is routed to Decoda's by its own mark (``git_forward.route_attention``)
+   and checked the same way.
 """
 
 from __future__ import annotations
@@ -24,11 +26,13 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM
 
 from decoding.kv.pool import KVPool
+from decoding.model.git_forward import route_attention
 from decoding.model.registry import ModelLoadError
 from decoding.model.runner import ModelRunner, RowInput
 from decoding.model.seq2seq import is_encoder_decoder
 from decoding.model.seq2seq_check import check_seq2seq
 from decoding.model.vision_tower import takes_images, vision_attention
+from decoding.vision.git_prompt import is_git
 
 ATTENTION_LAYER_TYPES = {"full_attention", "sliding_attention"}
 # config fields that only a layer with recurrent or convolutional state has
@@ -40,12 +44,6 @@ _PROBE_TOKENS = 7
 # encoder-decoder families whose attention Decoda does not run: a relative bias per layer (UMT5), local or
 # transient-global attention (LongT5), and T5 variants not tested here
 _UNSERVED_SEQ2SEQ = {"umt5", "longt5", "switch_transformers", "pop2piano", "udop"}
-# vision-language families whose language model Decoda cannot run, and why
-_UNSERVED_VISION = {
-    "git": "prepends its image features inside the model and computes its text attention itself (eager matmuls "
-    "over its own cache, not transformers' AttentionInterface), so Decoda's paged KV cache cannot run it; LLaVA, "
-    "Qwen2-VL, Qwen2.5-VL, Gemma 3, Idefics3 and SmolVLM are served",
-}
 # max |ours - eager| over the probe's logits, relative to their largest magnitude, by dtype
 _TOLERANCE = {torch.float32: 1e-3, torch.bfloat16: 6e-2, torch.float16: 2e-2}
 
@@ -60,8 +58,6 @@ def architecture(config: Any) -> str:
 def check_config(config: Any) -> None:
     """Refuse, before loading weights, what the paged KV cache cannot hold."""
     name = architecture(config)
-    if getattr(config, "model_type", "") in _UNSERVED_VISION:
-        raise ModelLoadError(f"architecture {name} {_UNSERVED_VISION[config.model_type]}")
     if getattr(config, "is_encoder_decoder", False):
         if getattr(config, "model_type", "") in _UNSERVED_SEQ2SEQ:
             raise ModelLoadError(
@@ -117,7 +113,9 @@ def check_model(model: torch.nn.Module, attention_name: str) -> None:
     """Refuse a loaded model whose forward through Decoda's attention is not transformers' own."""
     config = model.config.get_text_config()
     name = architecture(model.config)
-    if getattr(config, "_attn_implementation", None) != attention_name:  # a VLM's language model's
+    if is_git(model.config):  # eager by transformers' choice; its layers are routed to ours (git_forward)
+        route_attention(model)
+    elif getattr(config, "_attn_implementation", None) != attention_name:  # a VLM's language model's
         raise ModelLoadError(
             f"architecture {name} does not route its attention through transformers' AttentionInterface, so "
             "Decoda's paged attention cannot run it"
@@ -198,5 +196,5 @@ def _eager_logits(model: torch.nn.Module, attention_name: str, vocab_size: int) 
         sdpa = model(input_ids=ids, use_cache=False).logits[0].float()
         return whole, torch.maximum(noise, (sdpa - whole).abs().max())
     finally:  # a vision-language model's vision tower goes back to SDPA
-        model.set_attn_implementation(vision_attention(attention_name) if takes_images(model.config)
+        model.set_attn_implementation(vision_attention(attention_name, model.config) if takes_images(model.config)
                                       else attention_name)  # fmt: skip

@@ -5,7 +5,8 @@ Every family transformers serves through ``AutoModelForImageTextToText`` exposes
 scatters into the placeholder positions, per image (a list: LLaVA, Qwen2-VL) or as one tensor
 (Gemma 3's ``[images, tokens, hidden]``, Idefics3's ``[tiles, tokens, hidden]``). Flattened in order they
 are what ``masked_scatter`` writes, token for token, so calling it with the processor's own outputs gives
-the features ``generate()`` computes, whatever the family.
+the features ``generate()`` computes, whatever the family. GIT has no such entry: its image encoder and projection
+are called as ``GitModel`` calls them (``git_forward.git_image_features``).
 """
 
 from __future__ import annotations
@@ -14,18 +15,24 @@ from typing import Any
 
 import torch
 
+from decoding.model.git_forward import git_image_features
+from decoding.vision.git_prompt import is_git
+
 
 def takes_images(config: Any) -> bool:
     """A vision-language model: its config has a vision tower's."""
     return getattr(config, "vision_config", None) is not None
 
 
-def vision_attention(text_attention: str | None) -> dict[str, str | None] | str | None:
+def vision_attention(text_attention: str | None, config: Any = None) -> dict[str, str | None] | str | None:  # noqa: ANN401
     """The ``attn_implementation`` of a vision-language model: ``text_attention`` for its language model
     (Decoda's paged attention), and transformers' SDPA for the rest (the vision tower, as ``generate()``
-    runs it by default: its features are then the same)."""
+    runs it by default: its features are then the same). GIT takes eager attention only, as ``generate()``
+    runs it: its text attention is routed to Decoda's by ``git_forward.route_attention`` instead."""
     if text_attention is None:
         return None
+    if config is not None and is_git(config):
+        return "eager"
     return {"text_config": text_attention, "vision_config": "sdpa", "": "sdpa"}
 
 
@@ -84,6 +91,8 @@ def image_features(model: torch.nn.Module, pixel_inputs: dict[str, torch.Tensor]
         name: value.to(device, dtype) if value.is_floating_point() else value.to(device)
         for name, value in pixel_inputs.items()
     }
+    if is_git(model.config):
+        return git_image_features(model, inputs["pixel_values"])
     pooled = inner.get_image_features(**inputs, return_dict=True).pooler_output
     parts = pooled if isinstance(pooled, list | tuple) else [pooled]
     return torch.cat([part.reshape(-1, part.shape[-1]) for part in parts])

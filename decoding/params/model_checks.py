@@ -84,8 +84,10 @@ def check_against_model(
         if facts.encoder_decoder:
             check_seq2seq_request(params, len(ids), facts.max_encoder_len)
             ids = ids[: facts.decoder_prompt_len]  # the decoder's context holds its prompt, not the encoder's
-        check_max_length(params, len(ids), prompt_param)
-        check_context(len(ids), new_token_limit(params, len(ids)), facts.max_model_len, prompt_param)
+        # max_length counts generate()'s input_ids: GIT's image positions (``ImagePrompt.text_start``) are not in them
+        text = len(ids) - getattr(getattr(ids, "media", None), "text_start", 0)
+        check_max_length(params, text, prompt_param)
+        check_context(len(ids), new_token_limit(params, text), facts.max_model_len, prompt_param)
     if params.prediction_ids is not None:  # drafts are looked up in it: ids of this vocabulary, at most a context
         _check_ids(params.prediction_ids, facts.vocab_size, "prediction")
         if len(params.prediction_ids) > facts.max_model_len:

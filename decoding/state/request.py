@@ -110,6 +110,8 @@ class Request:
     encoded: bool = False
     # a vision-language model's request: its prompt's images (``decoding.vision.prompt``)
     image_prompt: ImagePrompt | None = None
+    # where the prompt's text starts: after GIT's image positions (``vision.git_prompt``), else 0
+    text_start: int = 0
 
     @classmethod
     def create(
@@ -120,10 +122,14 @@ class Request:
         tokenizer: object,
         ctx: EngineContext,
         timeout: float | None,
+        text_start: int = 0,
     ) -> Request:
-        """A request with its ``n`` rows, each with its sampling memory, text stream and stop rules."""
+        """A request with its ``n`` rows, each with its sampling memory, text stream and stop rules.
+        ``text_start``: the prompt's ids before it are GIT's image positions, which ``generate()``'s ``input_ids``
+        do not hold: the rows' knobs (repetition penalty, n-grams, stop strings, ``max_length``) read the rest."""
         generator = make_generator(params.seed, ctx.device) if params.do_sample else None
-        max_new_tokens = min(new_token_limit(params, len(prompt_ids)), ctx.max_model_len - len(prompt_ids))
+        text = list(prompt_ids[text_start:])
+        max_new_tokens = min(new_token_limit(params, len(text)), ctx.max_model_len - len(prompt_ids))
         eos = set(ctx.eos_token_ids)
 
         def decode(ids: list[int]) -> str:
@@ -135,14 +141,20 @@ class Request:
         rows = [
             Row(
                 index=index,
-                sampling=RowSamplingState(params, prompt_ids, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device,
-                                          budget),  # fmt: skip
-                streamer=DeltaStreamer(tokenizer, prompt_ids, params.stop, params.skip_special_tokens),
-                stop=StopChecker(params, eos, max_new_tokens, decode, stop_strings, prompt_ids),
+                sampling=RowSamplingState(
+                    params, text, ctx.eos_token_ids, ctx.vocab_size, generator, ctx.device, budget
+                ),
+                streamer=DeltaStreamer(tokenizer, text, params.stop, params.skip_special_tokens),
+                stop=StopChecker(params, eos, max_new_tokens, decode, stop_strings, text),
             )
             for index in range(params.n)
         ]
-        return cls(request_id, list(prompt_ids), params, rows, timeout=timeout)
+        return cls(request_id, list(prompt_ids), params, rows, timeout=timeout, text_start=text_start)
+
+    @property
+    def text_ids(self) -> list[int]:
+        """The prompt as ``generate()``'s ``input_ids`` hold it (GIT's image positions left out)."""
+        return self.prompt_ids[self.text_start :]
 
     @property
     def num_input_tokens(self) -> int:

@@ -229,7 +229,7 @@ class BeamDecoding(BeamRows):
         request, ctx = self.request, self.ctx
         return BeamSearch(
             request.params,
-            request.prompt_ids,
+            request.text_ids,
             ctx.eos_token_ids,
             ctx.vocab_size,
             max_new_tokens=self.max_new_tokens,

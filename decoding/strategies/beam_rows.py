@@ -52,8 +52,8 @@ class BeamRows(DecodingStrategy):
         self.slots: list[int] = []
         self.num_cached = 0  # tokens in every beam's slot (beams advance together)
         self.next_tokens: list[int] = []
-        prompt_len = len(request.prompt_ids)
-        self.max_new_tokens = min(new_token_limit(params, prompt_len), ctx.max_model_len - prompt_len)
+        prompt_len = len(request.prompt_ids)  # GIT's image positions included: they take KV room, not max_length's
+        self.max_new_tokens = min(new_token_limit(params, len(request.text_ids)), ctx.max_model_len - prompt_len)
         self.search = self.make_search()
 
     @abstractmethod

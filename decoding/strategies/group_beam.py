@@ -197,7 +197,7 @@ class GroupBeamDecoding(BeamRows):
         request, ctx = self.request, self.ctx
         return GroupBeamSearch(
             request.params,
-            request.prompt_ids,
+            request.text_ids,
             ctx.eos_token_ids,
             ctx.pad_token_id,
             ctx.vocab_size,

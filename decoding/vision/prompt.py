@@ -14,7 +14,9 @@ The record also holds what the rest of the engine needs and must never recompute
   the same for every image): the image's content hash, so the same image in a later turn is served from
   cache and two images behind the same text never share K/V (``kv/media_rows.py``);
 - ``rope``: Qwen2-VL's 3D M-RoPE positions of the prompt and the delta its generated tokens add;
-- ``bidirectional``: Gemma 3's image spans, inside which tokens attend both ways during the prefill.
+- ``bidirectional``: Gemma 3's image spans (and GIT's image), inside which tokens attend both ways during the prefill;
+- ``text_start``: GIT's image is the model's own prefix, not placeholders in its text: its positions come first
+  and the text after them numbers its positions from 0 (``vision.git_prompt``).
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ class ImagePrompt:
     cache_keys: dict[int, Hashable]  # prompt position -> the prefix cache's key for the token there
     rope: torch.Tensor | None = None  # [3, prompt_len] M-RoPE positions (Qwen2-VL), else None
     rope_delta: int = 0  # a generated token at position p has M-RoPE position p + rope_delta
-    bidirectional: tuple[tuple[int, int], ...] = ()  # [start, end) spans attending both ways (Gemma 3)
+    bidirectional: tuple[tuple[int, int], ...] = ()  # [start, end) spans attending both ways (Gemma 3, GIT)
+    text_start: int = 0  # GIT: the prompt's text (generate()'s input_ids) starts after its image's positions
     features: torch.Tensor | None = field(default=None, repr=False)  # [num_image_tokens, hidden] once run
 
     def chunk_features(self, start: int, end: int) -> tuple[torch.Tensor, torch.Tensor] | None:
