@@ -6,7 +6,10 @@ reply) and ``min_tokens`` keeps it from stopping there: the reply then holds a t
 answer, which must split exactly (the reply's own text, from its token ids), streamed and not, on
 chat, the Responses API and the Messages API (the ``anthropic`` SDK); a json_schema constrains the
 answer only. Issue 50: Anthropic's ``thinking`` (a budget cut by forcing ``</think>``, ``disabled``, thinking
-blocks sent back in a tool loop's second turn) and the reasoning tokens counted in every API's usage."""
+blocks sent back in a tool loop's second turn) and the reasoning tokens counted in every API's usage.
+The 1024-token budget (Anthropic's minimum) is spent on a server of its own: a tiny Llama with SmolLM2's
+tokenizer and this template, built to write " the" after any text, thinks 1024 tokens in seconds where
+SmolLM2 takes minutes."""
 
 from __future__ import annotations
 
@@ -16,6 +19,8 @@ import anthropic
 import jsonschema
 import openai
 import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
 
 from tests.test_e2e_openai import MODEL, start_server, stop_server
 
@@ -158,6 +163,43 @@ def claude(base):  # noqa: ANN201
     return anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
 
 
+THE = 260  # SmolLM2's " the": a run of it re-encodes to exactly as many tokens
+
+
+def always_the(vocab_size: int) -> LlamaForCausalLM:
+    """A tiny random Llama whose greedy next token is " the" after any text: every embedding shares one
+    direction, the only one the final norm keeps, and the head reads it as " the". So it never closes its
+    thinking by itself (as SmolLM2 here) and its thinking re-encodes to the tokens it wrote."""
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=vocab_size, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2)  # fmt: skip
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():
+        model.model.embed_tokens.weight[:, 0] = 1.0
+        model.model.norm.weight.zero_()
+        model.model.norm.weight[0] = 1.0
+        model.lm_head.weight[THE, 0] = 1.0
+    return model
+
+
+@pytest.fixture(scope="module")
+def thinker(smollm2, tmp_path_factory):  # noqa: ANN201
+    """The anthropic client of a server like ``client``'s (same template, parser and served name) on
+    ``always_the`` with SmolLM2's tokenizer (its ``</think>`` ids). One torch thread: a model this small
+    gains nothing from a second, and on a busy machine two spin against each other (a step took ~90 ms
+    instead of ~10)."""
+    folder = tmp_path_factory.mktemp("thinker")
+    always_the(len(smollm2.tokenizer)).save_pretrained(folder / "model")
+    smollm2.tokenizer.__class__.from_pretrained(smollm2.tokenizer.name_or_path).save_pretrained(folder / "model")
+    (folder / "think.jinja").write_text(TEMPLATE)
+    base, proc = start_server("--model", str(folder / "model"), "--served-model-name", MODEL, "--max-model-len", "2048",
+                              "--reasoning-parser", "deepseek_r1", "--chat-template", str(folder / "think.jinja"),
+                              "--num-threads", "1", log=folder / "server.log")  # fmt: skip
+    yield anthropic.Anthropic(base_url=base, api_key="unused", max_retries=0)
+    stop_server(proc)
+
+
 def test_usage_counts_the_reasoning_tokens_on_chat_and_responses(client, smollm2):
     """Every token up to the end of ``</think>`` and the whitespace after it is the thinking's."""
     body = chat(client, extra_body={"return_token_ids": True})
@@ -172,11 +214,11 @@ def test_usage_counts_the_reasoning_tokens_on_chat_and_responses(client, smollm2
     assert client.responses.create(**request).usage.output_tokens_details.reasoning_tokens == end
 
 
-def test_enabled_thinking_is_cut_at_its_budget_and_the_answer_follows(claude, smollm2):
-    """Without the budget the small model thinks on to ``max_tokens`` (``min_tokens`` keeps it from
+def test_enabled_thinking_is_cut_at_its_budget_and_the_answer_follows(thinker, smollm2):
+    """Without the budget the model thinks on to ``max_tokens`` (``min_tokens`` keeps it from
     stopping): the engine forces ``</think>`` once 1024 tokens are spent, and the answer follows."""
     budget = 1024
-    reply = claude.messages.create(model=MODEL, max_tokens=1100, messages=MESSAGES,
+    reply = thinker.messages.create(model=MODEL, max_tokens=1100, messages=MESSAGES,
                                    thinking={"type": "enabled", "budget_tokens": budget},
                                    extra_body={"temperature": 0, "min_tokens": budget + 8})  # fmt: skip
     thinking, text = reply.content
