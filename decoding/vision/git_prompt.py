@@ -101,7 +101,7 @@ def git_prompt(
     count = image_positions(config)
     pixel_inputs = {name: value for name, value in processed.items() if name not in TEXT_INPUTS and value is not None}
     key = hashlib.sha256(digests[0].encode()).hexdigest()  # as every family keys its first image's tokens
-    record = ImagePrompt(list(digests), list(params), pixel_inputs, torch.arange(count),
+    record = ImagePrompt(list(digests), list(params), pixel_inputs, torch.arange(count, device="cpu"),
                          {position: ("image", key, position) for position in range(count)},
                          bidirectional=((0, count),), text_start=count)  # fmt: skip
     return [placeholder_id(config)] * count + text_ids, record
