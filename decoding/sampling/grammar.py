@@ -52,6 +52,8 @@ _BITS = 32
 ROW_LIMIT_S = 0.05  # one row's one mask: far past any schema's (tens of microseconds to a few ms)
 MEAN_CALL_LIMIT_S = 0.005  # a request's masks per call (all its rows), averaged over its last calls
 WINDOW_CALLS = 8  # calls the average is taken over (none counts before that many)
+# [256, 8]: a bitmask byte's value -> its 8 tokens' penalties (bit j set: token j allowed, 0; else -inf)
+_BYTE_PENALTIES = torch.tensor([[0.0 if (byte >> j) & 1 else float("-inf") for j in range(8)] for byte in range(256)])
 
 
 class GrammarFailure(ValueError):
@@ -151,11 +153,14 @@ def apply_grammar_masks(scores: torch.Tensor, rows: list[int], grammars: list[Ro
         spent[id(budget)] = (budget, total + seconds)
     for budget, total in spent.values():
         budget.charge(total)
-    shifts = torch.arange(_BITS, dtype=torch.int32, device="cpu")
-    allowed = ((words[:, :, None] >> shifts) & 1).reshape(len(rows), -1)[:, :vocab_size].float()  # [n, vocab] 1/0
-    # 1 - 1/allowed: 0 where allowed, -inf where banned; adding it is ~4x faster on the CPU than masked_fill
-    # with a bool mask (16 rows of 49k: 1.3 ms against 4.9, loadtests/bench_structured measures the step)
-    penalty = allowed.reciprocal_().neg_().add_(1.0).to(device=scores.device, dtype=scores.dtype)
+    # each byte of the bitmask (little-endian words: byte b holds tokens 8b..8b+7) looks up its 8 penalties,
+    # 0 where allowed and -inf where banned: one gather, ~3x faster than unpacking the bits with shifts
+    # (210 rows of 49k: ~55 ms against ~170 on a busy 2-core machine). Adding the penalty is ~4x faster
+    # on the CPU than masked_fill with a bool mask (16 rows of 49k: 1.3 ms against 4.9,
+    # loadtests/bench_structured measures the step)
+    codes = words.view(torch.uint8).reshape(-1).int()
+    penalty = _BYTE_PENALTIES.index_select(0, codes).reshape(len(rows), -1)[:, :vocab_size]
+    penalty = penalty.to(device=scores.device, dtype=scores.dtype)
     if rows == list(range(scores.shape[0])):
         scores.add_(penalty)
     else:

@@ -46,7 +46,6 @@ class LengthKnobs:
         self.rows = rows
         self.device = device
         self.sequence_bias = [i for i, r in enumerate(rows) if r.params.sequence_bias]
-        self._sequence_bias_index = self._ids(self.sequence_bias) if self.sequence_bias else None
         self.min_length = [i for i, r in enumerate(rows) if r.params.min_length > 0]
         self.forced_bos = [i for i, r in enumerate(rows) if r.params.forced_bos_token_id is not None]
         self.forced_eos = [i for i, r in enumerate(rows) if r.params.forced_eos_token_id is not None]
@@ -74,14 +73,21 @@ class LengthKnobs:
     # ---- sequence_bias (SequenceBiasLogitsProcessor) -------------------------------------------------
     def apply_sequence_bias(self, scores: torch.Tensor) -> None:
         """Adds each row's biases: one-token sequences always, longer ones on their last token when
-        the history ends with the rest (the prefix must fit in the history), as HF does: a dense
-        float32 bias row per row, summed in HF's order (``TokenRules.sequence_bias_row``), then added
-        to the scores, as HF's ``scores + bias``."""
+        the history ends with the rest (the prefix must fit in the history), as HF does: float32 biases
+        summed in HF's order (``TokenRules.sequence_bias_entries``), then added to the scores, as HF's
+        ``scores + bias``; HF's bias is 0 at every other token, so only the entries are added."""
         if not self.sequence_bias:
             return
-        bias = torch.stack([self.rows[i].rules.sequence_bias_row(self.rows[i].history) for i in self.sequence_bias])
-        index = self._sequence_bias_index
-        scores[index] = scores[index] + bias.to(scores.dtype)
+        rows, tokens, values = [], [], []
+        for i in self.sequence_bias:
+            row_tokens, row_values = self.rows[i].rules.sequence_bias_entries(self.rows[i].history)
+            rows.extend([i] * len(row_tokens))
+            tokens.extend(row_tokens)
+            values.append(row_values)
+        if not tokens:
+            return
+        index = (self._ids(rows), self._ids(tokens))
+        scores[index] = scores[index] + torch.cat(values).to(device=scores.device, dtype=scores.dtype)
 
     # ---- min_length, forced_bos/eos, exponential decay (HF's order, before suppress_tokens) ------------
     def apply_length_rules(self, scores: torch.Tensor) -> None:

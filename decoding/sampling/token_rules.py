@@ -81,8 +81,11 @@ class TokenRules:
                 self.bad_words.add(words[:-1], words[-1])
         # sequence_bias: SequenceBiasLogitsProcessor, in HF's order of adding biases (one-token
         # sequences first, then longer ones grouped by length in order of first appearance)
-        self.sequence_bias_always: torch.Tensor | None = None
+        # HF adds a dense bias row; every token outside its entries gets 0, so only the entries are kept
+        self.vocab_size = vocab_size
         self.sequence_bias = SuffixTrie()
+        self._always_tokens: list[int] = []
+        self._always_values = torch.zeros(0, dtype=torch.float32, device=device)
         if params.sequence_bias:
             always = torch.zeros(vocab_size, dtype=torch.float32, device=device)
             for order, (token_ids, value) in enumerate(_hf_bias_order(params.sequence_bias)):
@@ -90,7 +93,8 @@ class TokenRules:
                     always[token_ids[0]] += float(value)
                 else:
                     self.sequence_bias.add(list(token_ids[:-1]), (order, token_ids[-1], float(value)))
-            self.sequence_bias_always = always
+            tokens = always.nonzero().flatten()
+            self._always_tokens, self._always_values = tokens.tolist(), always[tokens]
 
     def banned_bad_words(self, history: list[int]) -> set[int]:
         """Last tokens of ``bad_words_ids`` sequences whose prefix ends ``history``."""
@@ -98,11 +102,31 @@ class TokenRules:
         banned.update(self.bad_words.matches(history))
         return banned
 
+    def sequence_bias_entries(self, history: list[int]) -> tuple[list[int], torch.Tensor]:
+        """HF's bias for this history where it may be nonzero: distinct tokens and their float32 values,
+        summed in HF's order (one-token sequences first, then the matched longer ones); every other
+        token's bias is 0. A few entries instead of a ``[vocab]`` row for each row and step (hundreds of
+        rows under a tool call's bias spent most of a step cloning and adding zeros)."""
+        matches = sorted(self.sequence_bias.matches(history))
+        if not matches:
+            return self._always_tokens, self._always_values
+        tokens = list(self._always_tokens)
+        where = {token: i for i, token in enumerate(tokens)}
+        for _, token, _ in matches:
+            if token not in where:
+                where[token] = len(tokens)
+                tokens.append(token)
+        values = torch.zeros(len(tokens), dtype=torch.float32, device=self._always_values.device)
+        values[: len(self._always_tokens)] = self._always_values
+        for _, token, value in matches:
+            values[where[token]] += value
+        return tokens, values
+
     def sequence_bias_row(self, history: list[int]) -> torch.Tensor:
         """``[vocab]`` float32: HF's bias for this history (zeros where none), summed in HF's order."""
-        bias = self.sequence_bias_always.clone()
-        for _, token, value in sorted(self.sequence_bias.matches(history)):
-            bias[token] += value
+        bias = torch.zeros(self.vocab_size, dtype=torch.float32, device=self._always_values.device)
+        tokens, values = self.sequence_bias_entries(history)
+        bias[tokens] = values
         return bias
 
     @classmethod
