@@ -162,14 +162,16 @@ class Engine:
         batch = vision_stage.feed(self.runner.model, self._make_room(self._plan()), self._fail, self.observer)
         vision_seconds = time.perf_counter() - started  # (nothing but the tower runs in the feed)
         if batch:
-            prompt_tokens = sum(len(fed.row_input.token_ids) for fed in batch if fed.prompt)
-            decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch if not fed.prompt)
+            share = self.scheduler.prefill_share
+            if not share.unlimited:  # (--max-prefill-share: what this step spends on prompts, booked after it)
+                prompt_tokens = sum(len(fed.row_input.token_ids) for fed in batch if fed.prompt)
+                decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch if not fed.prompt)
             batch, logits = self._forward(batch)
             # every plain row's next token in one batched pass, then handed to its strategy
             sample_stage.sample(self.sampler, self._consume(batch, logits), self._fail)
             self._report({id(fed.strategy): fed.strategy for fed in batch}.values())
-            self.scheduler.prefill_share.record(time.perf_counter() - started, prompt_tokens, decode_tokens,
-                                                vision_seconds)  # fmt: skip
+            if not share.unlimited:
+                share.record(time.perf_counter() - started, prompt_tokens, decode_tokens, vision_seconds)
         # after finished requests left, so the gauges never show a stale batch
         self.observer.on_step(len(batch), self.scheduler.num_running, self.scheduler.num_waiting, self.pool.usage)
         return bool(ran_custom or batch or admitted or len(self.strategies) != num_requests)
