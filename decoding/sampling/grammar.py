@@ -52,8 +52,11 @@ _BITS = 32
 ROW_LIMIT_S = 0.05  # one row's one mask: far past any schema's (tens of microseconds to a few ms)
 MEAN_CALL_LIMIT_S = 0.005  # a request's masks per call (all its rows), averaged over its last calls
 WINDOW_CALLS = 8  # calls the average is taken over (none counts before that many)
-# [256, 8]: a bitmask byte's value -> its 8 tokens' penalties (bit j set: token j allowed, 0; else -inf)
-_BYTE_PENALTIES = torch.tensor([[0.0 if (byte >> j) & 1 else float("-inf") for j in range(8)] for byte in range(256)])
+# [256, 8]: a bitmask byte's value -> its 8 tokens' penalties (bit j set: token j allowed, 0; else -inf);
+# on the CPU, where llguidance writes the bitmask: the gathered penalties move to the scores' device after
+_BYTE_PENALTIES = torch.tensor(
+    [[0.0 if (byte >> j) & 1 else float("-inf") for j in range(8)] for byte in range(256)], device="cpu"
+)
 
 
 class GrammarFailure(ValueError):
