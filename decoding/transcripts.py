@@ -3,10 +3,10 @@
 The HTTP layer hands the engine client a ``TranscriptionJob`` (the uploaded file's bytes, the task,
 language, prompt, whether it wants timestamps, the temperatures to fall back through, and the request's
 ``GenerationParams`` for every HF knob), and reads back ``TranscriptionUpdate``s: text as it is decoded,
-each segment once its window is settled, and a last update with the language, the duration and every
-segment. How Whisper is driven (windows of 30 s, its prompt tokens, language detection, the seek from
-window to window) is the engine client's (``decoding/engine/transcription.py``); how a transcript is
-written out (json, text, srt, vtt, verbose_json, OpenAI's stream events) is the API's.
+each segment once its window is settled, and a last update with the language, the duration, every
+segment and (when asked) every word. How Whisper is driven (windows of 30 s, its prompt tokens, language
+detection, the seek from window to window) is the engine client's (``decoding/engine/transcription.py``);
+how a transcript is written out (json, text, srt, vtt, verbose_json, OpenAI's stream events) is the API's.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ class TranscriptionJob:
     timestamps: bool = False  # segment timestamps wanted (srt, vtt, verbose_json, timestamp_granularities)
     temperatures: tuple[float, ...] = (0.0,)  # more than one: openai-whisper's fallback, in this order
     logprobs: bool = False  # each token's log probability (OpenAI's ``include[]=logprobs``)
+    word_timestamps: bool = False  # each word's start and end (``timestamp_granularities[]=word``)
 
 
 @dataclass
@@ -35,6 +36,15 @@ class TranscriptToken:
     token: str
     logprob: float
     bytes: list[int]
+
+
+@dataclass
+class TranscriptWord:
+    """One word as OpenAI's ``verbose_json`` lists it (``words``): its text without the space before it."""
+
+    word: str
+    start: float  # seconds
+    end: float
 
 
 @dataclass
@@ -62,5 +72,6 @@ class TranscriptionUpdate:
     language: str = ""  # the language transcribed (given or detected), as OpenAI names it ("english")
     duration: float = 0.0  # the audio's seconds
     segments: list[TranscriptSegment] = field(default_factory=list)
+    words: list[TranscriptWord] = field(default_factory=list)  # every segment's words (when asked)
     audio_tokens: int = 0  # encoder positions (usage.input_tokens)
     output_tokens: int = 0

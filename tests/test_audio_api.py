@@ -17,7 +17,13 @@ import pytest
 from openai.types.audio import TranscriptionTextDeltaEvent, TranscriptionTextDoneEvent
 
 from decoding import ModelFacts, QueueFullError, ServedModel
-from decoding.transcripts import TranscriptionJob, TranscriptionUpdate, TranscriptSegment, TranscriptToken
+from decoding.transcripts import (
+    TranscriptionJob,
+    TranscriptionUpdate,
+    TranscriptSegment,
+    TranscriptToken,
+    TranscriptWord,
+)
 from server.app import create_app
 from server.config.settings import Settings
 from tests.asgi_driver import stream_then_hang_up
@@ -32,6 +38,7 @@ SEGMENTS = [
     TranscriptSegment(id=1, seek=0, start=1.5, end=3725.25, text=" Goodbye.", tokens=[14518, 13],
                       temperature=0.0, avg_logprob=-0.3, compression_ratio=1.0, no_speech_prob=0.02),
 ]  # fmt: skip
+WORDS = [TranscriptWord("Hello", 0.0, 0.62), TranscriptWord("world.", 0.62, 1.5), TranscriptWord("Goodbye.", 1.5, 2.1)]
 
 
 def tokens_of(segment: TranscriptSegment) -> list[TranscriptToken]:
@@ -69,7 +76,8 @@ class SpeechEngine(FakeEngineClient):
                                           logprobs=tokens_of(segment) if job.logprobs else [])  # fmt: skip
             finished = True
             yield TranscriptionUpdate(done=True, language="english", duration=3725.25, segments=list(SEGMENTS),
-                                      audio_tokens=1500, output_tokens=7)  # fmt: skip
+                                      words=list(WORDS) if job.word_timestamps else [], audio_tokens=1500,
+                                      output_tokens=7)  # fmt: skip
         finally:
             if not finished:
                 self.closed.append(request_id)
@@ -140,6 +148,19 @@ def test_verbose_json_is_openais_transcription_verbose_with_every_segment_field(
     assert result.model_extra["task"] == "transcribe" and result.usage.seconds == 3725.25
     job = engine.jobs[0][1]
     assert job.timestamps and job.language == "en" and job.prompt == "123"  # a number-looking prompt stays text
+
+
+@pytest.mark.parametrize("granularities", [["word"], ["word", "segment"], ["segment", "word"]])
+def test_word_granularity_lists_openais_words_and_the_segments_only_when_asked_too(granularities):
+    engine = SpeechEngine()
+    result = transcribe(engine, response_format="verbose_json", timestamp_granularities=granularities)
+    assert [w.model_dump() for w in result.words] == [{"word": w.word, "start": w.start, "end": w.end} for w in WORDS]
+    assert (result.segments is not None) == ("segment" in granularities)  # OpenAI's: words alone, unless both
+    job = engine.jobs[0][1]
+    assert job.word_timestamps and job.timestamps
+    plain = SpeechEngine()
+    assert transcribe(plain, response_format="verbose_json").words is None  # no words unless asked
+    assert not plain.jobs[0][1].word_timestamps
 
 
 def test_text_srt_and_vtt_are_plain_text_in_their_standard_timestamps():
@@ -287,8 +308,7 @@ def test_a_file_over_max_audio_bytes_is_a_413_naming_file():
 
 
 @pytest.mark.parametrize(("data", "param", "words"), [
-    ({"timestamp_granularities[]": "word", "response_format": "verbose_json"}, "timestamp_granularities",
-     "word timestamps are not served yet"),
+    ({"timestamp_granularities[]": "word"}, "timestamp_granularities", "verbose_json"),
     ({"timestamp_granularities[]": "segment"}, "timestamp_granularities", "verbose_json"),
     ({"include[]": "logprobs", "response_format": "verbose_json"}, "include", "json"),
     ({"stream": "true", "response_format": "srt"}, "stream", "srt"),

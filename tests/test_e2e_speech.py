@@ -1,6 +1,6 @@
 """Speech to text end to end: ``decoda serve --model whisper-base`` answering the real ``openai`` client's
 ``audio.transcriptions`` and ``audio.translations`` on espeak-ng clips (json, verbose_json with
-timestamped segments, srt, a stream whose deltas join into its done text, HF knobs as form fields), its
+timestamped segments and words, srt, a stream whose deltas join into its done text, HF knobs as form fields), its
 metrics, and the playground's transcription pane in headless Chromium uploading a clip.
 
 The packaged Whisper base is the point (its prompt tokens and rules on the wire); it is fetched from the
@@ -78,6 +78,24 @@ def test_the_openai_client_transcribes_and_translates(base, clip):
     with clip.open("rb") as audio:
         translated = client.audio.translations.create(model="whisper-base", file=audio)
     assert "lazy dog" in words(translated.text)
+
+
+def test_word_timestamps_time_every_word_in_order(base, clip):
+    client = openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0)
+    with clip.open("rb") as audio:
+        both = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format="verbose_json",
+                                                  timestamp_granularities=["word", "segment"])  # fmt: skip
+    said = [w.word for w in both.words]
+    assert words(" ".join(said)) == words(both.text) and "lazy dog" in words(" ".join(said))
+    assert all(not w.word.startswith(" ") for w in both.words)  # OpenAI's words carry no space before them
+    assert all(w.end >= w.start for w in both.words) and both.words[0].start < 0.5
+    assert all(a.start <= b.start for a, b in zip(both.words, both.words[1:], strict=False))
+    assert both.words[-1].end <= both.duration + 0.5
+    assert both.segments[0].start == both.words[0].start and both.segments[-1].end == both.words[-1].end
+    with clip.open("rb") as audio:
+        alone = client.audio.transcriptions.create(model="whisper-base", file=audio, response_format="verbose_json",
+                                                   timestamp_granularities=["word"])  # fmt: skip
+    assert alone.segments is None and [w.model_dump() for w in alone.words] == [w.model_dump() for w in both.words]
 
 
 def test_a_stream_of_deltas_joins_into_the_done_text(base, clip):

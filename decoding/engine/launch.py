@@ -114,7 +114,8 @@ def start_engine_client(config: EngineConfig, observer: EngineObserver | None = 
     )
     # speech to text on a Whisper model: each window of audio one request (engine/transcription.py)
     client.transcriber = whisper_transcriber(loaded.model, thread_copy(loaded.tokenizer), loaded.eos_token_ids[0],
-                                             client.generate, config.max_audio_seconds)  # fmt: skip
+                                             client.generate, config.max_audio_seconds,
+                                             lambda work: worker.call(lambda _engine: work()))  # fmt: skip
     if client.transcriber is not None and observer is not None:
         client.transcriber.observer = observer
     if facts.takes_images:  # a vision-language model: chats with images go through its processor

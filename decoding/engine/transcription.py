@@ -19,20 +19,29 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
+from decoding.engine.word_alignment import alignment_scores
 from decoding.model.seq2seq import EncoderInput
 from decoding.params import GenerationParams, ParameterError
 from decoding.params.seq2seq_checks import check_seq2seq_request
 from decoding.params.whisper import WhisperRules
 from decoding.telemetry import EngineObserver
-from decoding.text.whisper_windows import FRAMES_PER_WINDOW, compression_ratio, window_segments
-from decoding.transcripts import TranscriptionJob, TranscriptionUpdate, TranscriptSegment, TranscriptToken
+from decoding.text.whisper_windows import FRAMES_PER_WINDOW, WindowSegment, compression_ratio, window_segments
+from decoding.text.word_timing import TimedSegment, align_words, time_segments
+from decoding.transcripts import (
+    TranscriptionJob,
+    TranscriptionUpdate,
+    TranscriptSegment,
+    TranscriptToken,
+    TranscriptWord,
+)
 
 SAMPLE_RATE = 16_000
 HOP = 160  # samples per feature frame
@@ -60,8 +69,10 @@ class Transcriber:
     """Whisper's windows over the engine client's ``generate`` (``submit``)."""
 
     def __init__(self, tokenizer: Any, feature_extractor: Any, generation_config: Any, eos_token_id: int,
-                 submit: Callable[..., AsyncIterator], off_loop: Callable, max_seconds: float) -> None:  # fmt: skip
+                 submit: Callable[..., AsyncIterator], off_loop: Callable, max_seconds: float,
+                 on_model: Callable[[Callable[[torch.nn.Module], Any]], Awaitable[Any]]) -> None:  # fmt: skip
         self.tokenizer = tokenizer
+        self.on_model = on_model  # runs work(model) on the worker thread (word timestamps' extra pass)
         self.features = feature_extractor
         self.config = generation_config
         self.eos = eos_token_id
@@ -88,7 +99,8 @@ class Transcriber:
             head.append(self.no_timestamps)
         prior = self._prompt_tokens(job.prompt) if job.prompt else []
         segments: list[TranscriptSegment] = []
-        seek, number, generated = 0, 0, 0
+        words: list[TranscriptWord] = []
+        seek, number, generated, last_speech = 0, 0, 0, 0.0
         while seek < frames:
             window_frames = min(FRAMES_PER_WINDOW, frames - seek)
             window = torch.from_numpy(np.ascontiguousarray(mel[:, seek : seek + FRAMES_PER_WINDOW]))
@@ -100,11 +112,23 @@ class Transcriber:
                 continue
             window_seek = seek
             pieces, seek = window_segments(decoded.tokens, self.no_timestamps + 1, seek, window_frames, self._text)
+            timed: dict[int, TimedSegment] = {}
+            if job.word_timestamps:
+                timed, last_speech = await self._word_times(pieces, window, window_seek, window_frames, head[:3],
+                                                            language, last_speech)  # fmt: skip
+                if not _single_timestamp_ending(decoded.tokens, self.no_timestamps + 1):
+                    ends = [t.words[-1].end for t in timed.values() if t.words]  # openai-whisper: the next window
+                    if ends and ends[-1] > window_seek * 0.01:  # starts where the last word ended
+                        seek = round(ends[-1] * 100)
             position = 0
-            for piece in pieces:
+            for number_in_window, piece in enumerate(pieces):
                 if not piece.text.strip() and piece.end <= piece.start:
                     position += len(piece.tokens)
                     continue
+                if number_in_window in timed:
+                    piece.start, piece.end = timed[number_in_window].start, timed[number_in_window].end
+                    words.extend(TranscriptWord(w.word.strip(), w.start, w.end)
+                                 for w in timed[number_in_window].words)  # fmt: skip
                 segment = TranscriptSegment(
                     id=len(segments), seek=window_seek, start=round(piece.start, 2), end=round(piece.end, 2),
                     text=piece.text, tokens=piece.tokens, temperature=decoded.temperature,
@@ -120,7 +144,7 @@ class Transcriber:
         self.observer.on_transcribed(len(samples) / SAMPLE_RATE, time.monotonic() - started)
         yield TranscriptionUpdate(
             done=True, language=_LANGUAGE_NAMES.get(language, language), duration=round(len(samples) / SAMPLE_RATE, 3),
-            segments=segments, audio_tokens=number * FRAMES_PER_WINDOW // 2, output_tokens=generated,
+            segments=segments, words=words, audio_tokens=number * FRAMES_PER_WINDOW // 2, output_tokens=generated,
         )  # fmt: skip
 
     # ---- the audio --------------------------------------------------------------------------------------
@@ -201,6 +225,26 @@ class Transcriber:
             await stream.aclose()
         return tokens, logprobs, no_speech
 
+    # ---- word timestamps --------------------------------------------------------------------------------
+    async def _word_times(self, pieces: list[WindowSegment], window: torch.Tensor, seek: int, window_frames: int,
+                          prefix: list[int], language: str,
+                          last_speech: float) -> tuple[dict[int, TimedSegment], float]:  # fmt: skip
+        """The window's segments with text (by their index among ``pieces``), timed word by word, and the new
+        end of speech: the window's text teacher-forced once more on the worker (after ``prefix``, the
+        start of transcript, language and task) for its alignment heads' scores, then openai-whisper's word
+        timing (``decoding/text/word_timing.py``)."""
+        kept = {i: piece for i, piece in enumerate(pieces) if piece.text.strip() or piece.end > piece.start}
+        timed = {i: TimedSegment(piece.start, piece.end, [t for t in piece.tokens if t < self.eos], [])
+                 for i, piece in kept.items()}  # fmt: skip
+        text_tokens = [token for segment in timed.values() for token in segment.text_tokens]
+        if not text_tokens:
+            return timed, last_speech
+        sequence = [*prefix, self.no_timestamps, *text_tokens, self.eos]
+        scores = await self.on_model(lambda model: alignment_scores(model, window, sequence))
+        alignment = await self.off_loop(lambda: align_words(
+            scores, text_tokens, window_frames, self.tokenizer.decode, self.eos, language, len(prefix)))  # fmt: skip
+        return timed, time_segments(list(timed.values()), alignment, seek * 0.01, last_speech)
+
     # ---- language and text ------------------------------------------------------------------------------
     async def _language(self, request_id: str, job: TranscriptionJob, mel: np.ndarray) -> str:
         if job.language is not None:
@@ -232,6 +276,12 @@ class Transcriber:
         return out
 
 
+def _single_timestamp_ending(tokens: list[int], timestamp_begin: int) -> bool:
+    """The window ended on a lone timestamp (its speech ran to its end): openai-whisper's
+    ``single_timestamp_ending``."""
+    return len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
+
+
 def _languages() -> dict[str, str]:
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
@@ -243,13 +293,15 @@ _LANGUAGE_TOKENS = {f"<|{code}|>" for code in _LANGUAGE_NAMES}
 
 
 def whisper_transcriber(model: torch.nn.Module, tokenizer: Any, eos_token_id: int, submit: Callable[..., AsyncIterator],
-                        max_seconds: float) -> Transcriber | None:  # fmt: skip
+                        max_seconds: float, on_worker: Callable[[Callable[[], Any]], Future]) -> Transcriber | None:
     """The transcriber of a Whisper model (None for any other): its feature extractor is Whisper's, sized by
-    the model's mel bins (80; 128 for large-v3), 16 kHz, 10 ms frames, 30 s windows."""
+    the model's mel bins (80; 128 for large-v3), 16 kHz, 10 ms frames, 30 s windows. ``on_worker`` runs work
+    on the worker thread (``Worker.call``): word timestamps' extra pass of the model."""
     if not getattr(model.config, "num_mel_bins", None):
         return None
     from transformers import WhisperFeatureExtractor
 
     extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
     return Transcriber(tokenizer, extractor, model.generation_config, eos_token_id, submit,
-                       lambda work: asyncio.to_thread(work), max_seconds)  # fmt: skip
+                       lambda work: asyncio.to_thread(work), max_seconds,
+                       lambda work: asyncio.wrap_future(on_worker(lambda: work(model))))  # fmt: skip

@@ -2,7 +2,8 @@
 
 Shapes follow the ``openai`` client's types (``openai.types.audio``): ``Transcription`` (text, usage by
 duration, ``logprobs`` when ``include[]=logprobs``), ``TranscriptionVerbose`` (task, language, duration,
-text, segments as ``TranscriptionSegment``), and the stream's ``TranscriptionTextDeltaEvent`` per piece of
+text, segments as ``TranscriptionSegment``, words as ``TranscriptionWord``), and the stream's
+``TranscriptionTextDeltaEvent`` per piece of
 text and one ``TranscriptionTextDoneEvent`` with the whole text and the usage in tokens (the encoder's
 positions in, the decoded tokens out). The transcript's text is its segments' text with the leading space
 Whisper writes before a segment's first word dropped, as OpenAI's; srt and vtt number and time each segment.
@@ -69,8 +70,10 @@ def segment_body(segment: TranscriptSegment) -> dict[str, Any]:
     return dataclasses.asdict(segment)
 
 
-def body(transcript: Transcript, response_format: str, task: str, logprobs: bool) -> Response:
-    """The whole answer in ``response_format``."""
+def body(transcript: Transcript, response_format: str, task: str, logprobs: bool, segments: bool = True,
+         words: bool = False) -> Response:  # fmt: skip
+    """The whole answer in ``response_format``; verbose_json lists the ``words`` where they were asked for, and
+    the ``segments`` unless only the words were."""
     done = transcript.done
     text = transcript.text.strip()
     if response_format == "json":
@@ -79,9 +82,12 @@ def body(transcript: Transcript, response_format: str, task: str, logprobs: bool
             payload["logprobs"] = logprobs_of(transcript.logprobs)
         return JSONResponse(payload)
     if response_format == "verbose_json":
-        return JSONResponse({"task": task, "language": done.language, "duration": done.duration, "text": text,
-                             "segments": [segment_body(s) for s in done.segments],
-                             "usage": duration_usage(done)})  # fmt: skip
+        verbose: dict[str, Any] = {"task": task, "language": done.language, "duration": done.duration, "text": text}
+        if words:
+            verbose["words"] = [dataclasses.asdict(word) for word in done.words]
+        if segments:
+            verbose["segments"] = [segment_body(s) for s in done.segments]
+        return JSONResponse({**verbose, "usage": duration_usage(done)})
     if response_format == "srt":
         return PlainTextResponse(srt(done.segments))
     if response_format == "vtt":

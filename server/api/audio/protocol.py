@@ -71,10 +71,6 @@ class TranscriptionRequest(GenerationFields):
         if granularities and self.response_format != "verbose_json":
             raise ParameterError("timestamp_granularities needs response_format verbose_json, as OpenAI's",
                                  param="timestamp_granularities")  # fmt: skip
-        if "word" in granularities:
-            raise ParameterError("timestamp_granularities: word timestamps are not served yet; ask for segment "
-                                 "(verbose_json's segments carry their start and end)",
-                                 param="timestamp_granularities", code="unsupported")  # fmt: skip
         if self.include and self.response_format != "json":
             raise ParameterError("include[]=logprobs works only with response_format json, as OpenAI's",
                                  param="include")  # fmt: skip
@@ -92,6 +88,16 @@ class TranscriptionRequest(GenerationFields):
             if not 0.0 <= value <= 1.0:
                 raise ParameterError(f"temperature must be in [0, 1], got {value}", param="temperature")
         return tuple(float(v) for v in values)
+
+    @property
+    def word_timestamps(self) -> bool:
+        return "word" in (self.timestamp_granularities or [])
+
+    @property
+    def segments_listed(self) -> bool:
+        """verbose_json lists segments unless only words were asked for (as OpenAI's)."""
+        granularities = self.timestamp_granularities or []
+        return not granularities or "segment" in granularities
 
     @property
     def logprobs(self) -> bool:
@@ -115,7 +121,7 @@ class TranscriptionRequest(GenerationFields):
         return TranscriptionJob(
             audio=audio, params=params, task=self.task, language=self.language, prompt=self.prompt,
             timestamps=self.response_format in TIMESTAMPED or bool(self.timestamp_granularities),
-            temperatures=self.temperatures(), logprobs=self.logprobs,
+            temperatures=self.temperatures(), logprobs=self.logprobs, word_timestamps=self.word_timestamps,
         )  # fmt: skip
 
 

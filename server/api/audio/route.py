@@ -49,8 +49,10 @@ def _form_schema(translation: bool) -> dict[str, Any]:
     }  # fmt: skip
     if not translation:
         props["language"] = {"type": "string", "description": "ISO-639-1; detected when left out"}
-        props["timestamp_granularities[]"] = {"type": "array", "items": {"type": "string", "enum": ["segment"]},
-                                              "description": "needs verbose_json; word is not served yet"}  # fmt: skip
+        granularity = {"type": "string", "enum": ["segment", "word"]}
+        props["timestamp_granularities[]"] = {"type": "array", "items": granularity,
+                                              "description": "needs verbose_json; word: each word's start and "
+                                                             "end (an extra pass of the model per window)"}  # fmt: skip
         props["include[]"] = {"type": "array", "items": {"type": "string", "enum": ["logprobs"]},
                               "description": "needs response_format json"}  # fmt: skip
     schema = {"type": "object", "required": ["file"], "properties": props, "additionalProperties": True,
@@ -118,4 +120,5 @@ async def _transcribe(request: Request, kind: type[TranscriptionRequest], path: 
         transcript = await until_disconnect(request, collected(first, updates))
     finally:
         await closed(updates)
-    return transcript_body(transcript, body.response_format, body.task, body.logprobs)
+    return transcript_body(transcript, body.response_format, body.task, body.logprobs, body.segments_listed,
+                           body.word_timestamps)  # fmt: skip
