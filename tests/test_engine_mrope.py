@@ -1,8 +1,7 @@
 """Qwen2-VL and Qwen2.5-VL in the engine: their 3D M-RoPE positions, token-exact with ``generate()``.
 
-Their processors hold a video processor, which transformers builds only where torchvision imports, and no
-torchvision imports beside this project's torch; so here the inputs are made as their processor makes
-them, from its image processor (which needs no torchvision): ``<|vision_start|>``, one ``<|image_pad|>`` per
+The inputs are made here as their processor makes them, from its image processor alone (the whole processor
+is tests/test_engine_vision.py's): ``<|vision_start|>``, one ``<|image_pad|>`` per
 merged patch of the grid, ``<|vision_end|>``, and ``mm_token_type_ids`` marking the pads. The engine gets
 the record ``build_image_prompt`` keeps (the positions ``get_rope_index`` gives, and the delta of the
 tokens after them), ``generate()`` the same tensors.

@@ -87,8 +87,6 @@ def ours(harness: EngineHarness, request_id: str, n: int = 1) -> list[list[int]]
 @pytest.fixture(scope="module", params=[f.name for f in SERVED])
 def served(request, tmp_path_factory) -> Served:
     family = vf.BY_NAME[request.param]
-    if family.needs_torchvision and not vf.torchvision_imports():
-        pytest.skip(f"{family.name}'s processor needs torchvision, which does not import beside this torch")
     folder = family.save(tmp_path_factory.mktemp(family.name))
     return Served(family, str(folder))
 

@@ -17,7 +17,7 @@ from decoding.custom.hf_bridge import sdpa
 from decoding.model.attention import register_attention
 from decoding.model.git_forward import routed
 from decoding.model.loading import load_model
-from tests.vlm_families import VLM_FAMILIES, VlmFamily, hf_generate, hf_inputs, load, make_image, torchvision_imports
+from tests.vlm_families import VLM_FAMILIES, VlmFamily, hf_generate, hf_inputs, load, make_image
 
 ASK = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "What is this?"}]}]
 ASSISTANT = {"llava": "ASSISTANT:", "qwen2_vl": "<|im_start|>assistant\n", "qwen2_5_vl": "<|im_start|>assistant\n",
@@ -30,10 +30,6 @@ FILES = {"config.json", "generation_config.json", "model.safetensors", "tokenize
 def built(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[VlmFamily, Path]:
     """Each family's folder, written once for the module."""
     family: VlmFamily = request.param
-    if family.needs_torchvision and not torchvision_imports():
-        pytest.skip(
-            f"{family.name}'s processor holds a video processor, which transformers builds only with torchvision"
-        )
     return family, family.save(tmp_path_factory.mktemp(family.name))
 
 

@@ -26,7 +26,9 @@ features into ``inputs_embeds`` must carry), for one 64x48 image (``make_image``
   (GitForCausalLM, also ``AutoModelForCausalLM``).
 
 Qwen2-VL, Qwen2.5-VL and SmolVLM processors hold a video processor, which transformers builds only where torchvision
-imports (``needs_torchvision``); tests skip them elsewhere. Where torchvision imports, every image processor here
+imports (``needs_torchvision``); elsewhere their folders are written without it and loaded as the server loads
+them (``decoding.model.vision_tower.load_processor``: the processor built from its parts with no video
+processor), which is what a user without torchvision runs. Where torchvision imports, every image processor here
 loads as its torchvision backend, elsewhere as its PIL one: their resizes differ, so the pixels (and greedy tokens)
 do too; a reference and the engine must use the same one.
 """
@@ -34,9 +36,11 @@ do too; a reference and the engine must use the same one.
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -45,6 +49,7 @@ import transformers
 from PIL import Image
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 
+from decoding.model.vision_tower import images_only_processor, load_processor
 from tests.arch_families import INIT_STD
 
 HIDDEN = 64
@@ -145,11 +150,24 @@ class VlmFamily:
         return model, processor
 
     def save(self, folder: str | Path, seed: int = 0) -> Path:
-        """Write the model folder as ``save_pretrained`` does; returns it."""
+        """Write the model folder as ``save_pretrained`` does; returns it. A processor built without its video
+        processor (no torchvision here) cannot ``save_pretrained``: its parts are written as it would write them."""
         model, processor = self.build(seed)
         model.save_pretrained(folder)
-        processor.save_pretrained(folder)
+        if isinstance(processor.video_processor if self.needs_torchvision else None, SimpleNamespace):
+            processor.tokenizer.save_pretrained(folder)
+            processor.image_processor.save_pretrained(folder)
+            (Path(folder) / "chat_template.jinja").write_text(processor.chat_template)
+            settings = {"processor_class": type(processor).__name__, **self.processor_settings}
+            (Path(folder) / "processor_config.json").write_text(json.dumps(settings))
+        else:
+            processor.save_pretrained(folder)
         return Path(folder)
+
+    @property
+    def processor_settings(self) -> dict[str, Any]:
+        """What the processor's config holds besides its parts (SmolVLM's image_seq_len)."""
+        return {"image_seq_len": 4} if self.name == "smolvlm" else {}
 
 
 def _lm(tid: Ids, vocab: int, bos: str, eos: str, pad: str, **kwargs: Any) -> dict[str, Any]:
@@ -192,7 +210,10 @@ def _qwen_processor(name: str) -> Callable[[transformers.PreTrainedTokenizerFast
     def make(tokenizer: transformers.PreTrainedTokenizerFast) -> transformers.ProcessorMixin:
         size = {"shortest_edge": 14 * 14 * 4, "longest_edge": 64 * 64}
         pixels = dict(size=size, patch_size=7, merge_size=2, temporal_patch_size=2)
-        image, video = transformers.Qwen2VLImageProcessor(**pixels), transformers.Qwen2VLVideoProcessor(**pixels)
+        image = transformers.Qwen2VLImageProcessor(**pixels)
+        if not torchvision_imports():
+            return images_only_processor(getattr(transformers, name), image, tokenizer, {})
+        video = transformers.Qwen2VLVideoProcessor(**pixels)
         return getattr(transformers, name)(image_processor=image, video_processor=video, tokenizer=tokenizer)
 
     return make
@@ -242,6 +263,8 @@ def _idefics3_processor(tokenizer: transformers.PreTrainedTokenizerFast) -> tran
 
 def _smolvlm_processor(tokenizer: transformers.PreTrainedTokenizerFast) -> transformers.ProcessorMixin:
     image = transformers.SmolVLMImageProcessor(**_TILES)
+    if not torchvision_imports():
+        return images_only_processor(transformers.SmolVLMProcessor, image, tokenizer, {}, image_seq_len=4)
     video = transformers.SmolVLMVideoProcessor(size={"longest_edge": 32}, max_image_size={"longest_edge": 32})
     kwargs = dict(image_processor=image, video_processor=video, tokenizer=tokenizer, image_seq_len=4)
     return transformers.SmolVLMProcessor(**kwargs)
@@ -356,6 +379,7 @@ VLM_FAMILIES: list[VlmFamily] = [
 BY_NAME = {family.name: family for family in VLM_FAMILIES}
 
 
+@functools.cache
 def torchvision_imports() -> bool:
     """Whether torchvision imports here (a torchvision wheel built for another torch fails at import)."""
     try:
@@ -367,8 +391,10 @@ def torchvision_imports() -> bool:
 
 @functools.lru_cache(maxsize=8)
 def load(folder: str) -> tuple[transformers.ProcessorMixin, torch.nn.Module]:
-    """The folder's processor and model, as a user loads them (cached: the equivalence tests call this often)."""
-    processor = transformers.AutoProcessor.from_pretrained(folder)
+    """The folder's processor and model, as a user loads them (cached: the equivalence tests call this often);
+    the processor as the server loads it (transformers' own, or without its video processor where torchvision
+    does not import)."""
+    processor = load_processor(folder)
     model = transformers.AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     return processor, model
 

@@ -11,12 +11,19 @@ are called as ``GitModel`` calls them (``git_forward.git_image_features``).
 
 from __future__ import annotations
 
+import inspect
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
 
 from decoding.model.git_forward import git_image_features
 from decoding.vision.git_prompt import is_git
+
+_log = logging.getLogger(__name__)
 
 
 def takes_images(config: Any) -> bool:
@@ -40,8 +47,12 @@ def load_processor(name_or_path: str) -> Any:  # noqa: ANN401
     """The model's processor (image processor, tokenizer, chat template), as transformers loads it.
 
     Some families' processors hold a video processor (Qwen2-VL, Qwen2.5-VL, SmolVLM) that transformers builds
-    only where torchvision imports; without it the processor cannot be built at all, so the server refuses
-    to start with that reason instead of a traceback."""
+    only where torchvision imports, and without it refuses to build the whole processor, images included. A
+    CPU torch often comes without a matching torchvision (PyPI's wheel is built against CUDA's torch), and
+    Decoda serves images, never videos; so there the processor is built from its parts with no video
+    processor (``processor_without_videos``): the same class, image processor (its PIL backend, which
+    transformers picks without torchvision), tokenizer, chat template and settings. What still cannot be
+    built is refused at start with the reason instead of a traceback."""
     from transformers import AutoProcessor
 
     from decoding.model.registry import ModelLoadError
@@ -49,12 +60,80 @@ def load_processor(name_or_path: str) -> Any:  # noqa: ANN401
     try:
         return AutoProcessor.from_pretrained(name_or_path)
     except ImportError as error:
+        try:
+            built = processor_without_videos(name_or_path)
+        except ImportError:
+            built = None
+        if built is not None:
+            _log.warning("%s: its processor's video processor needs torchvision, which does not import here; "
+                         "serving images with the processor built without it", name_or_path)  # fmt: skip
+            return built
         reason = " ".join(str(error).split()).split(" Check out")[0]
         raise ModelLoadError(
             f"the processor of {name_or_path!r} cannot be built here: {reason} (transformers builds it only where "
             "that library imports; install the build matching this torch, e.g. torchvision from "
             "https://download.pytorch.org/whl/cpu for a CPU torch)"
         ) from error
+
+
+def processor_without_videos(name_or_path: str) -> Any:  # noqa: ANN401
+    """The folder's processor built from its parts with no video processor, where its class takes one (None
+    for a class that does not: nothing to leave out)."""
+    from transformers import AutoImageProcessor, AutoTokenizer
+
+    cls = _processor_class(name_or_path)
+    if cls is None or "video_processor" not in cls.get_attributes():
+        return None
+    settings, _ = cls.get_processor_dict(name_or_path)
+    accepted = inspect.signature(cls.__init__).parameters
+    parts = ("image_processor", "tokenizer", "video_processor")
+    kwargs = {key: value for key, value in settings.items() if key in accepted and key not in parts}
+    video = _json(Path(name_or_path) / "video_preprocessor_config.json")
+    return images_only_processor(cls, AutoImageProcessor.from_pretrained(name_or_path),
+                                 AutoTokenizer.from_pretrained(name_or_path), video, **kwargs)  # fmt: skip
+
+
+def images_only_processor(cls: type, image_processor: Any, tokenizer: Any, video_settings: dict[str, Any],
+                          **kwargs: Any) -> Any:  # noqa: ANN401  # fmt: skip
+    """A processor of class ``cls`` without its video processor. ``ProcessorMixin`` checks each part's class,
+    and a video processor's cannot even be looked up without torchvision, so the instance is of a subclass
+    that lists its parts without it; what the class reads of its video processor when no video is given
+    (SmolVLM's ``apply_chat_template``: num_frames, fps) comes from ``video_settings`` (the folder's video
+    processor config). A video reaching it would fail; none does (chat image parts only)."""
+    import transformers
+
+    images_only = type(cls.__name__, (cls,), {"get_attributes": classmethod(_without_video_attribute)})
+    processor = images_only(image_processor=image_processor, tokenizer=tokenizer, video_processor=None, **kwargs)
+    processor.video_processor = SimpleNamespace(**{key: video_settings.get(key) for key in ("num_frames", "fps")})
+    assert isinstance(processor, transformers.ProcessorMixin)
+    return processor
+
+
+def _without_video_attribute(cls: type) -> list[str]:
+    return [name for name in super(cls, cls).get_attributes() if name != "video_processor"]
+
+
+def _processor_class(name_or_path: str) -> type | None:
+    """The processor class the folder names (its processor config), else its model type's."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    path = Path(name_or_path)
+    for file in ("processor_config.json", "preprocessor_config.json", "tokenizer_config.json"):
+        named = _json(path / file).get("processor_class")
+        if named:
+            return getattr(transformers, named, None)
+    model_type = _json(path / "config.json").get("model_type")
+    name = PROCESSOR_MAPPING_NAMES.get(model_type) if model_type else None
+    return getattr(transformers, name, None) if name else None
+
+
+def _json(path: Path) -> dict[str, Any]:
+    try:
+        loaded = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
 
 
 # inputs that stack along their first dimension into one tower call: images in a batch (LLaVA, Gemma 3:
