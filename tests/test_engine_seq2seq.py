@@ -1,6 +1,7 @@
 """Encoder-decoder models in the engine equal transformers' generate(): Bart, Marian and Whisper (tiny
 random models from their configs), under greedy, sampling, beam search and beam sampling, alone and
-nine at once in one batch (the encoder's batch and the packed decoder rows), and through preemption.
+nine at once in one batch (the encoder's batch and the packed decoder rows), and through preemption; diverse
+beam search and contrastive search against transformers 4.x's golden outputs (tests/golden/hf4/seq2seq.json).
 
 The encoder runs once per request and its cross-attention keys and values live in the pool under the
 request's cross slot (decoding/model/seq2seq.py); what is compared is the generated tokens (and the beam
@@ -9,7 +10,9 @@ scores), against ``GenerationMixin.generate`` with the same decoder prompt.
 
 from __future__ import annotations
 
+import json
 import random
+from pathlib import Path
 
 import pytest
 import torch
@@ -281,3 +284,35 @@ def test_whisper_suppressions_and_timestamps_equal_whisper_generate(sampled):
         expected = first_pass(out[0].tolist(), rules.timestamp_begin, rules.timestamps)
         ours = harness.token_ids(str(number))
         assert ours[: len(expected)] == expected
+
+
+HF4_SEQ2SEQ = json.loads((Path(__file__).resolve().parent / "golden" / "hf4" / "seq2seq.json").read_text())
+
+
+@pytest.mark.parametrize("name", sorted(HF4_SEQ2SEQ["models"]))
+def test_diverse_beam_and_contrastive_search_equal_4x_golden(name):
+    """Diverse (group) beam search and contrastive search on Bart, Marian and T5 equal transformers 4.x's own
+    ``generate()`` (``tests/make_hf4_seq2seq_golden.py`` recorded it, with a digest of the seeded weights):
+    each case alone, then all of the family's at once in one batch."""
+    from tests.make_hf4_seq2seq_golden import weights_digest
+    from tests.test_engine_hf4_golden import check, params_for
+
+    assert HF4_SEQ2SEQ["transformers_version"].startswith("4.")
+    family = Family(name)
+    assert weights_digest(family.model) == HF4_SEQ2SEQ["models"][name]["digest"]  # the model 4.x ran
+    # 4.x pads a hypothesis only after its eos, where ``check`` cuts it; T5's pad (0) is also a token it
+    # generates, so no trailing pad is taken for padding (-1: none)
+    cases = [{**case, "eos_token_id": HF4_SEQ2SEQ["eos_token_id"], "pad_token_id": -1}
+             for case in HF4_SEQ2SEQ["cases"] if case["model"] == name]  # fmt: skip
+    assert {case["strategy"] for case in cases} == {"group_beam_search", "contrastive_search"}
+    together = family.harness()
+    for number, case in enumerate(cases):
+        alone = family.harness()
+        inputs = (EncoderInput(token_ids=case["encoder_ids"]), case["decoder_prompt"])
+        family.add(alone, "r", inputs, params_for(case))
+        alone.run()
+        check(alone, "r", case)
+        family.add(together, f"r{number}", inputs, params_for(case))
+    together.run()
+    for number, case in enumerate(cases):
+        check(together, f"r{number}", case)
