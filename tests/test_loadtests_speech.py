@@ -82,8 +82,9 @@ def test_the_peer_serves_the_same_folder_on_the_cpu_greedy_and_with_five_beams(m
 
 def row(server: str, round_: int, clips_s: float, beams: float, wer: float) -> dict:
     return {"server": server, "round": round_, "wer_greedy": wer, "wer_beam": wer, "clips_s_1": clips_s,
-            "clips_s_8": clips_s * 2, "rtf_long": 0.25, "beam_over_greedy": beams, "wer_long": 0.1, "failed": 0,
-            "ready_s": 3.0, "resident_mb": 500.0}  # fmt: skip
+            "clips_s_8": clips_s * 2, "rtf_long": 0.25, "beam_over_greedy": beams,
+            "streamed_beam_over_greedy": beams + 0.5, "wer_long": 0.1, "failed": 0, "ready_s": 3.0,
+            "resident_mb": 500.0}  # fmt: skip
 
 
 def test_the_report_states_each_goal_from_ratios_within_rounds_and_lists_what_did_not_run(tmp_path):
@@ -105,5 +106,6 @@ def test_the_report_states_each_goal_from_ratios_within_rounds_and_lists_what_di
     assert "clips/s at 1 client: **0.75x** the peer's (0.50x, 1.00x; goal >= 0.8x: not met)" in text
     assert "clips/s at 8 clients: **0.75x**" in text
     assert "5 beams over greedy, time per clip: **2.00x** (1.50x, 2.50x; goal <= 2x: met)" in text
+    assert "5 beams over greedy streamed, time per clip: **2.50x** (2.00x, 3.00x; goal <= 2x: not met)" in text
     assert "| decoda | 0.050 (0.050, 0.050) | 0.050 (0.050, 0.050) | 2.00 (1.00, 3.00) |" in text
     assert f"| {bench_speech.FWS} int8 | exited with 1 |" in text
