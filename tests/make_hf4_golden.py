@@ -85,6 +85,15 @@ def case_specs() -> list[tuple[str, str, dict]]:
 
 
 # ---- outer half: transformers 5, the project's venv ------------------------------------------------
+def hf4_python(venv: Path) -> Path:
+    """The interpreter of the transformers 4.x venv, created (with the pinned versions) where it is missing."""
+    if not (venv / "bin" / "python").exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        pip = [str(venv / "bin" / "pip"), "install", "-q"]
+        subprocess.run([*pip, f"torch=={HF4_TORCH}", f"transformers=={HF4_TRANSFORMERS}"], check=True)
+    return venv / "bin" / "python"
+
+
 def smollm2_dir() -> str:
     folders = sorted(glob.glob(os.path.expanduser("~/.cache/decoda/models/smollm2-135m-instruct-*/model.safetensors")))
     if not folders:  # convert it once through the project's loader
@@ -151,16 +160,12 @@ def outer(args: argparse.Namespace) -> None:
             cases.append({"name": name, "model": model, "strategy": strategy, "prompt_ids": prompt_ids,
                           "generate_kwargs": kwargs})  # fmt: skip
     checks = {name: reference_logits(m["folder"], prompts[name][0]) for name, m in models.items()}
-    venv = Path(args.venv)
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "pip"), "install", "-q"]
-        subprocess.run([*pip, f"torch=={HF4_TORCH}", f"transformers=={HF4_TRANSFORMERS}"], check=True)
+    python = hf4_python(Path(args.venv))
     with tempfile.TemporaryDirectory() as tmp:
         job = Path(tmp) / "job.json"
         job.write_text(json.dumps({"models": models, "cases": cases, "prompts": prompts}))
         result = Path(tmp) / "result.json"
-        subprocess.run([str(venv / "bin" / "python"), __file__, "--inner", str(job), str(result)], check=True)
+        subprocess.run([str(python), __file__, "--inner", str(job), str(result)], check=True)
         inner_out = json.loads(result.read_text())
     for name, logits in inner_out["logits"].items():
         diff = max(abs(a - b) for a, b in zip(logits, checks[name], strict=True))

@@ -28,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.make_hf4_golden import GOLDEN, HF4_TORCH, HF4_TRANSFORMERS  # noqa: E402
+from tests.make_hf4_golden import GOLDEN, HF4_TRANSFORMERS, hf4_python  # noqa: E402
 
 OUT = GOLDEN / "seq2seq.json"
 FAMILY_NAMES = ("bart", "marian", "t5")
@@ -64,11 +64,7 @@ def outer(args: argparse.Namespace) -> None:
 
     from tests.test_engine_seq2seq import EOS, FAMILIES, VOCAB
 
-    venv = Path(args.venv)
-    if not (venv / "bin" / "python").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        pip = [str(venv / "bin" / "pip"), "install", "-q"]
-        subprocess.run([*pip, f"torch=={HF4_TORCH}", f"transformers=={HF4_TRANSFORMERS}"], check=True)
+    python = hf4_python(Path(args.venv))
     with tempfile.TemporaryDirectory() as tmp:
         models, cases, checks = {}, [], {}
         for name in FAMILY_NAMES:
@@ -89,7 +85,7 @@ def outer(args: argparse.Namespace) -> None:
                                   "decoder_prompt": [start], "generate_kwargs": kwargs})  # fmt: skip
         job, result = Path(tmp) / "job.json", Path(tmp) / "result.json"
         job.write_text(json.dumps({"models": models, "cases": cases, "eos": EOS, "pad": 0}))
-        subprocess.run([str(venv / "bin" / "python"), __file__, "--inner", str(job), str(result)], check=True)
+        subprocess.run([str(python), __file__, "--inner", str(job), str(result)], check=True)
         inner_out = json.loads(result.read_text())
     for name, logits in inner_out["logits"].items():
         diff = max(abs(a - b) for a, b in zip(logits, checks[name], strict=True))
