@@ -72,12 +72,14 @@ def check(harness: EngineHarness, request_id: str, case: dict) -> None:
 
 
 def run_alone(model, tokenizer, eos: int, cases: list[dict]) -> None:
-    for case in cases:
-        harness = EngineHarness(model, tokenizer, [eos], max_model_len=512)
+    """Each case in a batch of its own, one after another on one engine (building one per case cost more than
+    the cases); no prefix cache, so every case's prompt is computed as the first one's was."""
+    harness = EngineHarness(model, tokenizer, [eos], max_model_len=512, prefix_caching=False)
+    for number, case in enumerate(cases):
         harness.engine.ctx.pad_token_id = case["pad_token_id"]
-        harness.add("r", case["prompt_ids"], params_for(case))
+        harness.add(f"r{number}", case["prompt_ids"], params_for(case))
         harness.run()
-        check(harness, "r", case)
+        check(harness, f"r{number}", case)
 
 
 def run_together(model, tokenizer, eos: int, cases: list[dict]) -> None:

@@ -96,18 +96,19 @@ def cpu_burner(seconds: float = 900) -> subprocess.Popen:
 
 
 @pytest.mark.skipif(NGINX is None, reason="nginx is not installed (Debian package nginx; .ci/run installs it)")
-@pytest.mark.parametrize("loaded", [False, True], ids=["idle-machine", "cpu-burner"])
-def test_sigterm_to_one_replica_under_load_loses_nothing(smollm2, tmp_path, loaded):
+def test_sigterm_to_one_replica_under_load_loses_nothing(smollm2, tmp_path):
     # one torch thread each: two replicas on two cores, as a CPU limit would give them (oversubscribed
-    # OpenMP threads spin against each other and a step takes seconds). The drain deadline is far
-    # beyond what the in-flight requests need on any machine: the test is that they finish, not how fast
+    # OpenMP threads spin against each other and a step takes seconds), with a third process burning a core
+    # (the stricter of the two cases this test ran; an idle machine drains the same way, faster). The drain
+    # deadline is far beyond what the in-flight requests need on any machine: the test is that they finish,
+    # not how fast
     flags = ("--max-model-len", "512", "--drain-timeout", "600", "--num-threads", "1")
     replicas = start_servers(flags, (*flags, *json_logs))
     (base_a, proc_a), (base_b, proc_b) = replicas
     listen = free_port()
     conf = nginx_conf(tmp_path, listen, [int(base.rsplit(":", 1)[1]) for base, _ in replicas])
     nginx = subprocess.Popen([NGINX, "-p", str(tmp_path), "-c", str(conf), "-g", "daemon off;"])
-    burner = cpu_burner() if loaded else None  # the replicas' two cores now have a third taker
+    burner = cpu_burner()  # the replicas' two cores now have a third taker
     url = f"http://127.0.0.1:{listen}"
     try:
         wait_ready(url)
@@ -130,9 +131,8 @@ def test_sigterm_to_one_replica_under_load_loses_nothing(smollm2, tmp_path, load
         exit_code = proc_a.wait(300)  # its requests are done: the worker stops and the process exits
         log_a = proc_a.stdout.read()
     finally:
-        if burner is not None:
-            burner.kill()
-            burner.wait()
+        burner.kill()
+        burner.wait()
         nginx.send_signal(signal.SIGQUIT)
         nginx.wait(10)
         stop_server(proc_a)

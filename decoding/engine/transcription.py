@@ -17,6 +17,7 @@ fallback: a window whose text repeats itself (compression ratio > 2.4) or that t
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -86,7 +87,8 @@ class Transcriber:
         self.no_timestamps = vocab["<|notimestamps|>"]
         self.no_speech = vocab.get("<|nospeech|>", vocab.get("<|nocaptions|>"))
         self.tasks = {task: vocab[f"<|{task}|>"] for task in ("transcribe", "translate")}
-        self.languages = {token[2:-2]: i for token, i in vocab.items() if token in _LANGUAGE_TOKENS}
+        tokens = {f"<|{code}|>" for code in _language_names()}
+        self.languages = {token[2:-2]: i for token, i in vocab.items() if token in tokens}
 
     async def run(self, request_id: str, job: TranscriptionJob) -> AsyncIterator[TranscriptionUpdate]:
         check_seq2seq_request(job.params, 0, None)  # what an encoder-decoder model does not run: a 400 naming it
@@ -143,8 +145,9 @@ class Transcriber:
             prior = [] if decoded.temperature > 0.5 else (prior + decoded.tokens)[-PREVIOUS_TEXT_TOKENS:]
         self.observer.on_transcribed(len(samples) / SAMPLE_RATE, time.monotonic() - started)
         yield TranscriptionUpdate(
-            done=True, language=_LANGUAGE_NAMES.get(language, language), duration=round(len(samples) / SAMPLE_RATE, 3),
-            segments=segments, words=words, audio_tokens=number * FRAMES_PER_WINDOW // 2, output_tokens=generated,
+            done=True, language=_language_names().get(language, language),
+            duration=round(len(samples) / SAMPLE_RATE, 3), segments=segments, words=words,
+            audio_tokens=number * FRAMES_PER_WINDOW // 2, output_tokens=generated,
         )  # fmt: skip
 
     # ---- the audio --------------------------------------------------------------------------------------
@@ -282,14 +285,13 @@ def _single_timestamp_ending(tokens: list[int], timestamp_begin: int) -> bool:
     return len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
 
 
-def _languages() -> dict[str, str]:
+@functools.cache
+def _language_names() -> dict[str, str]:
+    """Whisper's languages, "en" -> "english" (as OpenAI's verbose_json names them); read when a Whisper model
+    is served, not at import: importing Whisper's tokenizer module costs every server start ~0.8 s."""
     from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
     return LANGUAGES
-
-
-_LANGUAGE_NAMES = _languages()  # "en" -> "english", as OpenAI's verbose_json names the language
-_LANGUAGE_TOKENS = {f"<|{code}|>" for code in _LANGUAGE_NAMES}
 
 
 def whisper_transcriber(model: torch.nn.Module, tokenizer: Any, eos_token_id: int, submit: Callable[..., AsyncIterator],
