@@ -34,7 +34,13 @@ from decoding.params import GenerationParams, ParameterError
 from decoding.params.seq2seq_checks import check_seq2seq_request
 from decoding.params.whisper import WhisperRules
 from decoding.telemetry import EngineObserver
-from decoding.text.whisper_windows import FRAMES_PER_WINDOW, WindowSegment, compression_ratio, window_segments
+from decoding.text.whisper_windows import (
+    FRAMES_PER_WINDOW,
+    WindowSegment,
+    compression_ratio,
+    single_timestamp_ending,
+    window_segments,
+)
 from decoding.text.word_timing import TimedSegment, align_words, time_segments
 from decoding.transcripts import (
     TranscriptionJob,
@@ -118,7 +124,7 @@ class Transcriber:
             if job.word_timestamps:
                 timed, last_speech = await self._word_times(pieces, window, window_seek, window_frames, head[:3],
                                                             language, last_speech)  # fmt: skip
-                if not _single_timestamp_ending(decoded.tokens, self.no_timestamps + 1):
+                if not single_timestamp_ending(decoded.tokens, self.no_timestamps + 1):
                     ends = [t.words[-1].end for t in timed.values() if t.words]  # openai-whisper: the next window
                     if ends and ends[-1] > window_seek * 0.01:  # starts where the last word ended
                         seek = round(ends[-1] * 100)
@@ -244,8 +250,10 @@ class Transcriber:
             return timed, last_speech
         sequence = [*prefix, self.no_timestamps, *text_tokens, self.eos]
         scores = await self.on_model(lambda model: alignment_scores(model, window, sequence))
-        alignment = await self.off_loop(lambda: align_words(
-            scores, text_tokens, window_frames, self.tokenizer.decode, self.eos, language, len(prefix)))  # fmt: skip
+        # on the event loop (tens of ms of numpy): the split decodes with this tokenizer, which another thread
+        # must not use at the same time
+        alignment = align_words(scores, text_tokens, window_frames, self.tokenizer.decode, self.eos, language,
+                                len(prefix))  # fmt: skip
         return timed, time_segments(list(timed.values()), alignment, seek * 0.01, last_speech)
 
     # ---- language and text ------------------------------------------------------------------------------
@@ -277,12 +285,6 @@ class Transcriber:
             text = self.tokenizer.decode([token])
             out.append(TranscriptToken(text, logprobs[start + offset], list(text.encode("utf-8"))))
         return out
-
-
-def _single_timestamp_ending(tokens: list[int], timestamp_begin: int) -> bool:
-    """The window ended on a lone timestamp (its speech ran to its end): openai-whisper's
-    ``single_timestamp_ending``."""
-    return len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
 
 
 @functools.cache

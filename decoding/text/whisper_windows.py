@@ -38,7 +38,7 @@ def window_segments(
     audio); ``decode``: text of token ids, timestamps dropped."""
     offset = seek * SECONDS_PER_FRAME
     is_timestamp = [token >= timestamp_begin for token in tokens]
-    single_ending = is_timestamp[-2:] == [False, True]
+    single_ending = single_timestamp_ending(tokens, timestamp_begin)
     closes = [i + 1 for i in range(len(tokens) - 1) if is_timestamp[i] and is_timestamp[i + 1]]
     if closes:
         if single_ending:
@@ -58,6 +58,12 @@ def window_segments(
     if stamps and stamps[-1] != timestamp_begin:  # a lone last timestamp says where the speech ended
         duration = (stamps[-1] - timestamp_begin) * SECONDS_PER_TIMESTAMP
     return [WindowSegment(offset, offset + duration, tokens, decode(tokens))], seek + window_frames
+
+
+def single_timestamp_ending(tokens: list[int], timestamp_begin: int) -> bool:
+    """The window ended on a lone timestamp after text (its speech ran to its end): openai-whisper's
+    ``single_timestamp_ending``."""
+    return len(tokens) >= 2 and tokens[-2] < timestamp_begin <= tokens[-1]
 
 
 def compression_ratio(text: str) -> float:
