@@ -3,10 +3,10 @@
 Shapes follow the ``openai`` client's types (``openai.types.audio``): ``Transcription`` (text, usage by
 duration, ``logprobs`` when ``include[]=logprobs``), ``TranscriptionVerbose`` (task, language, duration,
 text, segments as ``TranscriptionSegment``, words as ``TranscriptionWord``), and the stream's
-``TranscriptionTextDeltaEvent`` per piece of
-text and one ``TranscriptionTextDoneEvent`` with the whole text and the usage in tokens (the encoder's
-positions in, the decoded tokens out). The transcript's text is its segments' text with the leading space
-Whisper writes before a segment's first word dropped, as OpenAI's; srt and vtt number and time each segment.
+``TranscriptionTextDeltaEvent`` per piece of text and one ``TranscriptionTextDoneEvent`` with the whole text
+and the usage in tokens (the encoder's positions in, the decoded tokens out). The transcript's text is its
+segments' text with the leading space Whisper writes before a segment's first word dropped, as OpenAI's;
+srt and vtt number and time each segment.
 """
 
 from __future__ import annotations
