@@ -50,6 +50,35 @@ SYSTEM = (
     "is open from nine to six on weekdays and from ten to four on Saturdays; it is closed on Sundays. "
     "Repairs usually take two days; a puncture is fixed while the customer waits. Never invent a brand."
 )
+PARTS = [
+    "brake pads", "chain", "rear derailleur", "front hub", "tyre", "inner tube", "headset", "bottom bracket",
+    "cassette", "dynamo light", "cargo box", "kickstand", "saddle clamp", "spoke", "brake cable", "crank arm",
+]  # fmt: skip
+FIXES = [
+    "was cleaned and greased", "was replaced with a new one", "was trued and tensioned",
+    "was adjusted by a quarter turn",
+    "was checked and found worn", "was tightened to five newton metres", "was swapped for the customer's own part",
+]  # fmt: skip
+
+
+def repair_log(key: str, words: int) -> str:
+    """A conversation's own reference document of about ``words`` words (a repair log that varies line by line):
+    the long shared context of a real assistant's conversation (a manual, a file, a ticket history), which is
+    what a replica's prefix cache saves on later turns; seeded by the conversation's key, so no two
+    conversations share it beyond the shop's system prompt."""
+    seed = int(key[:8], 16)
+    lines, count, number = [], 0, 0
+    while count < words:
+        number += 1
+        line = (
+            f"Ticket {seed % 9000 + number}: the {PARTS[(seed + number * 7) % len(PARTS)]} of bike "
+            f"{(seed >> 4) % 500 + number * 3} {FIXES[(seed + number * 5) % len(FIXES)]} on day {number % 28 + 1}."
+        )
+        lines.append(line)
+        count += len(line.split())
+    return " ".join(lines)
+
+
 QUESTIONS = [
     "My rear brake squeaks when it rains. What should I check first?",
     "And if the pads look fine, what else could it be?",
@@ -87,7 +116,10 @@ def round_robin(conf: Path) -> Path:
 
 async def conversation(client: AsyncOpenAI, args: argparse.Namespace, result: ModeResult) -> None:
     key = uuid.uuid4().hex
-    messages = [{"role": "system", "content": f"Conversation {key}. {SYSTEM}"}]
+    system = f"Conversation {key}. {SYSTEM}"
+    if args.document_words:
+        system += f" The shop's repair log for this customer follows. {repair_log(key, args.document_words)}"
+    messages = [{"role": "system", "content": system}]
     before = 0
     for number, question in enumerate(QUESTIONS, start=1):
         messages.append({"role": "user", "content": question})
@@ -150,6 +182,7 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, 
         "",
         f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC; load average before the run: {load}; {args.clients} clients x "
         f"{args.conversations} conversations x 4 turns per mode and round, {args.max_tokens} tokens a reply, "
+        f"{args.document_words} words of repair log in each conversation's system prompt, "
         f"SmolLM2-135M float32, two replicas with --num-threads 1, the modes taking turns over {len(rounds)} rounds.",
         "",
         "Turns 2-4 only. hit rate: prompt tokens from the prefix cache / prompt tokens; reused: those / the "
@@ -174,7 +207,7 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, 
         f"{', '.join(f'{h:.1%}' for h in sticky_hits)} (goal >= 90%).",
         "",
         f"Command: `.venv/bin/python -m loadtests.bench_sticky --rounds {args.rounds} --clients {args.clients} "
-        f"--conversations {args.conversations} --max-tokens {args.max_tokens}`",
+        f"--conversations {args.conversations} --max-tokens {args.max_tokens} --document-words {args.document_words}`",
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -185,6 +218,9 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--conversations", type=int, default=2, help="per client, per mode and round")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--document-words", type=int, default=0,
+                        help="a repair log of about this many words in each conversation's system prompt: the long "
+                             "context (a manual, a file) whose reuse sticky routing saves")  # fmt: skip
     parser.add_argument("--out", type=Path, default=RESULTS / "sticky.md")
     args = parser.parse_args()
     if NGINX is None:
