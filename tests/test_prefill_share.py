@@ -114,3 +114,27 @@ def test_over_its_share_no_vision_tower_runs_and_the_image_waits_its_turn(llava)
         assert request.num_prefilled > first_image_token
     harness.run()
     assert harness.token_ids("image") == llava.reference("Describe it.", [3], "greedy")[0]
+
+
+def test_beside_decoding_rows_one_request_a_step_goes_through_the_vision_tower(llava):
+    """Two images waiting with credit to spare: the first step takes one through the tower, the other
+    waits for the credit it leaves (one step's lump of several images would outrun the bounded debt)."""
+    harness = llava.harness(max_prefill_share=0.2)
+    text = llava.prompter.prompt(llava.messages("Only words.", 0), [], chat_template=None, tools=None,
+                                 add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+    with torch.inference_mode():
+        harness.add("text", list(text), GenerationParams(max_new_tokens=40, **GREEDY))
+        _decoding(harness, "text")
+        harness.engine.scheduler.prefill_share.credit = 1.0
+        for k, seed in enumerate((3, 4)):
+            image = llava.prompt("Describe it.", [seed])
+            harness.add(f"image{k}", list(image), GenerationParams(max_new_tokens=10, do_sample=False),
+                        image_prompt=image.media)  # fmt: skip
+        requests = [harness.engine.strategies[f"image{k}"].request for k in range(2)]
+        firsts = [int(request.image_prompt.positions[0]) for request in requests]
+        harness.engine.step()
+        assert requests[0].num_prefilled > firsts[0]  # its image went through the tower
+        assert requests[1].num_prefilled <= firsts[1] and requests[1].image_prompt.features is None
+    harness.run()
+    for k, seed in enumerate((3, 4)):
+        assert harness.token_ids(f"image{k}") == llava.reference("Describe it.", [seed], "greedy")[0]

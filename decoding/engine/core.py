@@ -203,6 +203,7 @@ class Engine:
         decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch)
         budget = self.scheduler.prefill_budget(decode_tokens)
         before_images = self.scheduler.holds_back_images(decode_tokens)  # prompt work over --max-prefill-share
+        one_tower_call = self.scheduler.prefill_share.one_tower_call_a_step(decode_tokens)
         for strategy in self.scheduler.stepping():
             if strategy.request.prefill_done or budget <= 0:
                 continue
@@ -211,6 +212,8 @@ class Engine:
                 continue
             batch.append(Fed(strategy, chunk, True))
             budget -= len(chunk.token_ids)
+            if one_tower_call and prefill.runs_vision_tower(strategy, chunk):
+                before_images = True  # later images wait until the credit this one leaves allows them
         return batch
 
     def _make_room(self, batch: list[Fed]) -> list[Fed]:

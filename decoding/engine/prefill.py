@@ -37,6 +37,15 @@ def next_chunk(strategy: DecodingStrategy, budget: int, before_images: bool = Fa
     return RowInput(strategy.prefill_slot, start, chunk, logits_from, hidden_layers=strategy.hidden_layers)
 
 
+def runs_vision_tower(strategy: DecodingStrategy, chunk: RowInput) -> bool:
+    """Whether ``chunk`` reaches an image of its request whose features the vision tower has yet to compute."""
+    image_prompt = strategy.request.image_prompt
+    if image_prompt is None or image_prompt.features is not None:
+        return False
+    positions = image_prompt.positions
+    return bool(((positions >= chunk.start) & (positions < chunk.start + len(chunk.token_ids))).any())
+
+
 def consume_chunk(
     strategy: DecodingStrategy, chunk: RowInput, logits: torch.Tensor, token_text: TokenText
 ) -> list[Pick]:
