@@ -56,8 +56,8 @@ PARTS = [
 ]  # fmt: skip
 FIXES = [
     "was cleaned and greased", "was replaced with a new one", "was trued and tensioned",
-    "was adjusted by a quarter turn",
-    "was checked and found worn", "was tightened to five newton metres", "was swapped for the customer's own part",
+    "was adjusted by a quarter turn", "was checked and found worn", "was tightened to five newton metres",
+    "was swapped for the customer's own part",
 ]  # fmt: skip
 
 

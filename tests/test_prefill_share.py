@@ -91,10 +91,14 @@ def llava(tmp_path_factory: pytest.TempPathFactory) -> Served:
     return Served(family, str(family.save(tmp_path_factory.mktemp("llava"))))
 
 
+def _text_prompt(llava: Served) -> list[int]:
+    return llava.prompter.prompt(llava.messages("Only words.", 0), [], chat_template=None, tools=None,
+                                 add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+
+
 def test_over_its_share_no_vision_tower_runs_and_the_image_waits_its_turn(llava):
     harness = llava.harness(max_prefill_share=0.2)
-    text = llava.prompter.prompt(llava.messages("Only words.", 0), [], chat_template=None, tools=None,
-                                 add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+    text = _text_prompt(llava)
     image = llava.prompt("Describe it.", [3])
     first_image_token = int(image.media.positions[0])
     with torch.inference_mode():
@@ -120,8 +124,7 @@ def test_beside_decoding_rows_one_request_a_step_goes_through_the_vision_tower(l
     """Two images waiting with credit to spare: the first step takes one through the tower, the other
     waits for the credit it leaves (one step's lump of several images would outrun the bounded debt)."""
     harness = llava.harness(max_prefill_share=0.2)
-    text = llava.prompter.prompt(llava.messages("Only words.", 0), [], chat_template=None, tools=None,
-                                 add_generation_prompt=True, template_kwargs=None)  # fmt: skip
+    text = _text_prompt(llava)
     with torch.inference_mode():
         harness.add("text", list(text), GenerationParams(max_new_tokens=40, **GREEDY))
         _decoding(harness, "text")
