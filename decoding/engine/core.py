@@ -17,7 +17,7 @@ import torch
 
 from decoding.custom.jobs import CustomJobs
 from decoding.custom.loading import LoadedMethod
-from decoding.engine import forward_stage, prefill, sample_stage, vision_stage
+from decoding.engine import forward_stage, prefill, sample_stage, urgent, vision_stage
 from decoding.engine.drafting import Drafter
 from decoding.engine.encoder_stage import EncoderStage
 from decoding.engine.forward_stage import Fed, by_request
@@ -69,6 +69,9 @@ class Engine:
                                    max_rows=limits.max_num_seqs, weights=limits.caller_weights,
                                    prefill_share=limits.max_prefill_share)  # fmt: skip
         self.sampler = BatchSampler(device)
+        # requests that outrank a step under way do not wait for it (urgent.py); an encoder's steps are never cut
+        self.urgent = urgent.UrgentLane(self.scheduler, self._prompts_alone, lambda: self.observer,
+                                        allowed=self.encoder is None)
         self.tokenizer = tokenizer
         self.ctx = EngineContext.for_model(
             model, self.pool, eos_token_ids, limits.max_model_len, self._token_text, observer
@@ -120,6 +123,7 @@ class Engine:
         if self.encoder is not None:
             self.encoder.attach(request, encoder_input)
         request.image_prompt = image_prompt
+        self.urgent.see(params.priority)
         strategy = make_strategy(request, self.ctx)
         self.strategies[request_id] = strategy
         self.scheduler.add(strategy)
@@ -166,7 +170,7 @@ class Engine:
             if not share.unlimited:  # (--max-prefill-share: what this step spends on prompts, booked after it)
                 prompt_tokens = sum(len(fed.row_input.token_ids) for fed in batch if fed.prompt)
                 decode_tokens = sum(len(fed.row_input.token_ids) for fed in batch if not fed.prompt)
-            batch, logits = self._forward(batch)
+            batch, logits = self._forward(batch, self.urgent.arm(batch))
             # every plain row's next token in one batched pass, then handed to its strategy
             sample_stage.sample(self.sampler, self._consume(batch, logits), self._fail)
             self._report({id(fed.strategy): fed.strategy for fed in batch}.values())
@@ -223,8 +227,16 @@ class Engine:
         running = {id(strategy) for strategy in self.scheduler.running}
         return [fed for fed in batch if id(fed.strategy) in running]
 
-    def _forward(self, batch: list[Fed]) -> tuple[list[Fed], list[torch.Tensor]]:
-        return forward_stage.run(self.runner, self.ctx, batch, self._fail)
+    def _forward(self, batch: list[Fed], lane: urgent.UrgentLane | None = None) -> tuple[list[Fed], list[torch.Tensor]]:
+        return forward_stage.run(self.runner, self.ctx, batch, self._fail, lane)
+
+    def _prompts_alone(self, strategies: list[DecodingStrategy]) -> None:
+        """The urgent lane's forwards, inside an interrupted step: these requests' prompts, to their first token."""
+        while batch := vision_stage.feed(self.runner.model, urgent.prompt_chunks(strategies, self.scheduler),
+                                         self._fail, self.observer):  # fmt: skip
+            batch, logits = self._forward(batch)
+            sample_stage.sample(self.sampler, self._consume(batch, logits), self._fail)
+            self._report(strategies)
 
     def _consume(self, batch: list[Fed], all_logits: list[torch.Tensor]) -> list[Pick]:
         logits_of = {id(fed): logits for fed, logits in zip(batch, all_logits, strict=True)}

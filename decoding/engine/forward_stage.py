@@ -7,10 +7,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
-from decoding.model.runner import ModelRunner, RowInput
+from decoding.model.runner import ModelRunner, RowInput, StepInterrupted
 from decoding.state.context import EngineContext
 from decoding.strategies import DecodingStrategy
 
@@ -26,6 +27,14 @@ class Fed:
     prompt: bool
 
 
+class Urgent(Protocol):
+    """What a forward asks between layers and calls when it stops (``engine/urgent.py``'s ``UrgentLane``)."""
+
+    def interrupts(self) -> bool: ...
+
+    def serve(self) -> None: ...
+
+
 def by_request(batch: list[Fed]) -> list[tuple[DecodingStrategy, list[Fed]]]:
     """The batch's rows grouped by request, in first-appearance order."""
     groups: dict[int, tuple[DecodingStrategy, list[Fed]]] = {}
@@ -34,15 +43,25 @@ def by_request(batch: list[Fed]) -> list[tuple[DecodingStrategy, list[Fed]]]:
     return list(groups.values())
 
 
-def run(runner: ModelRunner, ctx: EngineContext, batch: list[Fed],
-        fail: Callable[[DecodingStrategy, str], None]) -> tuple[list[Fed], list[torch.Tensor]]:  # fmt: skip
-    """(the rows that ran, their logits); keeps ``ctx.step_seconds``, the unit drafting time is weighed in."""
+def run(runner: ModelRunner, ctx: EngineContext, batch: list[Fed], fail: Callable[[DecodingStrategy, str], None],
+        urgent: Urgent | None = None) -> tuple[list[Fed], list[torch.Tensor]]:  # fmt: skip
+    """(the rows that ran, their logits); keeps ``ctx.step_seconds``, the unit drafting time is weighed in.
+
+    ``urgent``: the forward stops between layers when a request that outranks every row of the batch
+    arrives; the lane serves that request's prompt, then this forward runs again as it was (its rows'
+    plans, blocks and lengths untouched), its time counted without the urgent one's."""
     started = time.perf_counter()
-    try:
-        logits = runner.forward([fed.row_input for fed in batch])
-    except Exception:
-        logger.exception("batched forward failed; retrying request by request")
-        return _isolating(runner, batch, fail)
+    while True:
+        try:
+            logits = runner.forward([fed.row_input for fed in batch], interrupt=urgent.interrupts if urgent else None)
+            break
+        except StepInterrupted:
+            served = time.perf_counter()
+            urgent.serve()
+            started += time.perf_counter() - served
+        except Exception:
+            logger.exception("batched forward failed; retrying request by request")
+            return _isolating(runner, batch, fail)
     elapsed = time.perf_counter() - started
     previous = ctx.step_seconds
     ctx.step_seconds = elapsed if previous is None else 0.8 * previous + 0.2 * elapsed

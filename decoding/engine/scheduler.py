@@ -154,6 +154,20 @@ class Scheduler:
         self._report_adapters()
         return admitted, unfit
 
+    def admit_outranking(self, floor: int) -> list[DecodingStrategy]:
+        """Start the new waiting requests of a priority below ``floor`` that fit now with nobody giving way
+        (a step is under way: its rows keep their slots and blocks), in the policy's order."""
+        new = [strategy for strategy in self.waiting if not self._resuming(strategy)]
+        outranking = sorted((strategy for strategy in new if priority_of(strategy) < floor), key=run_order)
+        admitted = []
+        for strategy in outranking:
+            if self._never_fits(strategy) is None and self._place(strategy):
+                self.waiting.remove(strategy)
+                self._run(strategy)
+                admitted.append(strategy)
+        self._report_adapters()
+        return admitted
+
     def _resuming(self, strategy: DecodingStrategy) -> bool:
         return id(strategy) in self._swapped
 

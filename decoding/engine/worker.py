@@ -13,6 +13,7 @@ elsewhere, never a stream that hangs or a 200 without a finish reason.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import logging
 import queue
@@ -77,6 +78,11 @@ class Worker:
         self.engine = engine
         engine.emit = self._dispatch
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        # commands taken from the inbox in the middle of a step (the urgent lane's), handled after it
+        self._deferred: collections.deque = collections.deque()
+        lane = getattr(engine, "urgent", None)
+        if lane is not None:
+            lane.take_commands = self._take_submits
         self._sinks: dict[str, Sink] = {}
         self._thread = threading.current_thread()
         self._stopped = threading.Event()
@@ -122,6 +128,10 @@ class Worker:
         self._inbox.put(_Submit(request_id, prompt_ids, params, sink, encoder_input, image_prompt))
         if self._stopped.is_set():
             self._fail_inbox(self._end_message)
+            return
+        lane = getattr(self.engine, "urgent", None)
+        if lane is not None:  # a request that outranks the step under way stops it (engine/urgent.py)
+            lane.offer(params.priority)
 
     def abort(self, request_id: str) -> None:
         self._inbox.put(_Abort(request_id))
@@ -201,6 +211,10 @@ class Worker:
             with torch.inference_mode():
                 running, idle = True, False
                 while running:
+                    while running and self._deferred:  # what the urgent lane left for after the step, in order
+                        running = self._handle(self._deferred.popleft())
+                    if not running:
+                        break
                     block = idle or not self.engine.has_work()
                     try:
                         command = self._inbox.get(block=block, timeout=self._sleep_limit() if block else None)
@@ -222,6 +236,20 @@ class Worker:
         finally:
             self._stopped.set()
             self._fail_everything(self._end_message)
+
+    def _take_submits(self) -> None:
+        """The urgent lane's call, in the middle of a step: the inbox's new requests join the engine now;
+        every other command waits for the step's end, in its order (an abort must not free rows the
+        interrupted forward still feeds)."""
+        while True:
+            try:
+                command = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(command, _Submit):
+                self._handle(command)
+            else:
+                self._deferred.append(command)
 
     def _sleep_limit(self) -> float | None:
         """How long the loop may wait for a command: forever with no work; with work that cannot move (a
@@ -249,12 +277,16 @@ class Worker:
         self._fail_inbox(message)
 
     def _fail_inbox(self, message: str) -> None:
-        """Answer the submits still in the inbox (safe from any thread: each command is taken once)."""
+        """Answer the submits still in the inbox (safe from any thread: each command is taken once), and the
+        calls the urgent lane had deferred."""
         while True:
             try:
-                command = self._inbox.get_nowait()
-            except queue.Empty:
-                return
+                command = self._deferred.popleft()
+            except IndexError:
+                try:
+                    command = self._inbox.get_nowait()
+                except queue.Empty:
+                    return
             if isinstance(command, _Submit):
                 output = RequestOutput(command.request_id, finished=True, error=message, error_code=UNAVAILABLE)
                 self._tell(command.sink, output)

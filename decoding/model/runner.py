@@ -15,6 +15,7 @@ cannot leave one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 
@@ -29,6 +30,11 @@ from decoding.model.git_forward import git_logits, route_attention
 from decoding.model.lora import LoraResidency
 from decoding.model.seq2seq import decoder_logits, is_encoder_decoder
 from decoding.vision.git_prompt import is_git
+
+
+class StepInterrupted(Exception):
+    """Raised between two decoder layers when ``forward``'s ``interrupt`` says so: the forward is left
+    unfinished (the K/V it wrote lie beyond every row's committed length) and may be run again as it was."""
 
 
 class _ExitReached(Exception):
@@ -78,8 +84,13 @@ class ModelRunner:
             self.graphs = DecodeGraphs(pool, device, self._decode_call, replay=device.type == "cuda")
 
     @torch.inference_mode()
-    def forward(self, inputs: list[RowInput], num_layers: int | None = None) -> list[torch.Tensor]:
+    def forward(self, inputs: list[RowInput], num_layers: int | None = None,
+                interrupt: Callable[[], bool] | None = None) -> list[torch.Tensor]:  # fmt: skip
         """Run one forward; returns, per input, float32 logits ``[num_kept, vocab_size]``.
+
+        ``interrupt``: asked before each decoder layer of an eager forward; when it answers True the
+        forward stops there with ``StepInterrupted`` (an urgent request goes first, ``engine/urgent.py``).
+        A compiled forward or a replayed graph is never interrupted: a hook would force it eager.
 
         ``num_layers``: run only the first decoder layers, then the final norm and LM head
         (self-speculative early exit, as HF's ``EarlyExitCandidateGenerator``); their K/V land
@@ -123,6 +134,8 @@ class ModelRunner:
                 context.enter_context(self._capture(layer, captured))
             if early_exit:
                 context.enter_context(self._exit_after(num_layers - 1))
+            if interrupt is not None and not self.compiled:
+                context.enter_context(self._interruptible(interrupt))
             if self.compiled and not compiled:  # hooks into layers run outside any graph
                 context.enter_context(torch.compiler.set_stance("force_eager"))
             # beside the call always: a compiled forward reads it there, and so do the attention modules
@@ -198,6 +211,18 @@ class ModelRunner:
             raise _ExitReached(output[0] if isinstance(output, tuple) else output)
 
         return _Removable(self.layers[layer].register_forward_hook(stop))
+
+    def _interruptible(self, interrupt: Callable[[], bool]) -> ExitStack:
+        """Ask ``interrupt`` before every decoder layer; stop the forward when it answers True."""
+
+        def check(module, args):  # noqa: ANN001, ANN202
+            if interrupt():
+                raise StepInterrupted
+
+        hooks = ExitStack()
+        for layer in self.layers:
+            hooks.enter_context(_Removable(layer.register_forward_pre_hook(check)))
+        return hooks
 
     def _head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The final norm and LM head on hidden states that stopped early (``[1, kept, hidden]``), with
