@@ -39,6 +39,7 @@ class EngineConfig:
     max_lora_rank: int = 16  # the highest adapter rank served (the stacked matrices' width per adapter)
     max_loaded_loras: int = 8  # runtime-loaded adapters kept at once (idle ones evicted LRU); start's not counted
     caller_weights: dict[str, float] = field(default_factory=dict)  # caller -> its fair share's weight (1 if absent)
+    fair_share: str = "rows"  # rows: callers share the batch; steps: each step's rows too (engine/step_shares.py)
     max_audio_seconds: float = 3600.0  # the longest audio a transcription decodes (longer: a 400 naming file)
     max_image_pixels: int = 4096 * 4096  # an image's most pixels (width x height), read from its header before decoding
 

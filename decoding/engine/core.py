@@ -67,7 +67,7 @@ class Engine:
         observer = observer or EngineObserver()  # one observer, shared by the scheduler and the strategies
         self.scheduler = Scheduler(self.pool, limits.max_num_batched_tokens, observer, residency,
                                    max_rows=limits.max_num_seqs, weights=limits.caller_weights,
-                                   prefill_share=limits.max_prefill_share)  # fmt: skip
+                                   prefill_share=limits.max_prefill_share, fair_share=limits.fair_share)  # fmt: skip
         self.sampler = BatchSampler(device)
         # requests that outrank a step under way do not wait for it (urgent.py); an encoder's steps are never cut
         self.urgent = urgent.UrgentLane(self.scheduler, self._prompts_alone, lambda: self.observer,

@@ -168,6 +168,7 @@ def build_engine(config: EngineConfig, observer: EngineObserver | None = None) -
         prefix_caching=config.prefix_caching,
         caller_weights=config.caller_weights,
         max_prefill_share=config.max_prefill_share,
+        fair_share=config.fair_share,
     )
     # The worker detokenizes on its own copy: fast tokenizers are not safe to share across threads.
     engine = Engine(

@@ -37,6 +37,7 @@ class EngineLimits:
     prefix_caching: bool = True
     caller_weights: dict[str, float] = field(default_factory=dict)  # caller -> its fair share's weight (1 if absent)
     max_prefill_share: float = 1.0  # the most of the time prompt work takes while rows decode (prefill_share.py)
+    fair_share: str = "rows"  # rows: callers share the batch; steps: each step's rows too (step_shares.py)
 
 
 def kv_pool_for(model: torch.nn.Module, limits: EngineLimits, device: torch.device) -> KVPool:

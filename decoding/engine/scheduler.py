@@ -51,6 +51,7 @@ from decoding.engine.policy import (
     victim_for,
 )
 from decoding.engine.prefill_share import PrefillShare
+from decoding.engine.step_shares import StepShares
 from decoding.engine.vision_stage import row_media
 from decoding.kv.blocks import adapter_root
 from decoding.kv.pool import KVPool, SwappedRows
@@ -79,12 +80,13 @@ class Scheduler:
     def __init__(
         self, pool: KVPool, max_num_batched_tokens: int, observer: EngineObserver | None = None,
         loras: LoraResidency | None = None, max_rows: int | None = None, weights: Mapping[str, float] | None = None,
-        prefill_share: float = 1.0,
+        prefill_share: float = 1.0, fair_share: str = "rows",
     ) -> None:  # fmt: skip
         """``loras``: the LoRA adapters; a request with one is admitted once its adapter is resident.
         ``max_rows``: rows running at once (``--max-num-seqs``; default: every row handle of the pool);
         ``weights``: caller -> its weight in the fair share (1 when absent); ``prefill_share``: the most of
-        the time prompt work takes while rows decode (``--max-prefill-share``, ``prefill_share.py``)."""
+        the time prompt work takes while rows decode (``--max-prefill-share``, ``prefill_share.py``); ``fair_share``:
+        ``steps`` shares each step's rows between callers too (``--fair-share``, ``step_shares.py``)."""
         self.pool = pool
         self.loras = loras
         self._adapter_slot: dict[int, int] = {}  # id(strategy) -> the bank slot its adapter holds
@@ -95,6 +97,7 @@ class Scheduler:
         self.max_rows = max_rows or pool.num_slots
         self.observer = observer or EngineObserver()
         self.shares = Shares(weights)
+        self.step_shares = StepShares(self.shares, fair_share)
         # each request is held as its strategy (which holds the request): the slots are the strategy's
         self.waiting = WaitingLine(self.shares)  # new and preempted requests, in the policy's order
         self.running: list[DecodingStrategy] = []  # in run_order: priority, then arrival
@@ -259,6 +262,7 @@ class Scheduler:
         """Preempt the least entitled running requests until the rows of this step (``(strategy, row)``)
         have every block they write; returns a request that cannot fit even alone, and why."""
         pool = self.pool
+        self.step_shares.fed([strategy for strategy, _ in rows])
         while True:
             live = [(strategy, row) for strategy, row in rows if strategy in self.running]
             needed = sum(pool.blocks_needed(row.slot, row.start, row.start + len(row.token_ids)) for _, row in live)
@@ -293,12 +297,13 @@ class Scheduler:
         """The running requests whose rows feed this step: while a request's prompt is being fed, those of
         a lower priority (a higher number) sit the step out, so a prompt of higher priority is prefilled in a
         step of its own standing and its first token does not wait on the whole batch's decode rows. Their
-        state is untouched: they go on at the next step. With one priority, every running request."""
+        state is untouched: they go on at the next step. With one priority, every running request; with
+        ``--fair-share steps``, only each caller's part of them (``step_shares.py``)."""
         prefilling = [priority_of(s) for s in self.running if not s.request.prefill_done]
         if not prefilling:
-            return self.running
+            return self.step_shares.select(self.running)
         top = min(prefilling)
-        return [strategy for strategy in self.running if priority_of(strategy) <= top]
+        return self.step_shares.select([strategy for strategy in self.running if priority_of(strategy) <= top])
 
     def prefill_budget(self, num_decode_tokens: int) -> int:
         """Prompt tokens this step may carry after the decode rows' ``num_decode_tokens``: what the token
@@ -316,6 +321,7 @@ class Scheduler:
     def remove(self, strategy: DecodingStrategy) -> None:
         """Forget a request and free its rows at once (finished, aborted, failed, timed out); the
         full blocks of what it computed stay in the prefix cache for later requests."""
+        self.step_shares.forget(strategy)
         if strategy in self.running:
             self._stop_running(strategy)
         elif self.waiting.remove(strategy):

@@ -28,6 +28,7 @@ TOOL_TEMPLATE_NAME = Path("chat_templates") / "hermes_tools.jinja"
 
 LOG_FORMATS = ("text", "json")
 SCHEDULING_POLICIES = ("fcfs", "priority")  # vLLM's --scheduling-policy
+FAIR_SHARE_MODES = ("rows", "steps")  # --fair-share (decoding/engine/step_shares.py)
 METRICS_COMPAT = ("none", "vllm")  # server.http.metrics_vllm
 QUANTIZATION_MODES = ("auto", "none", "gguf", "int8", "int4")  # decoding.model.loading.QUANTIZATION_CHOICES (no torch)
 
@@ -174,6 +175,9 @@ class Settings:
         default="fcfs", metadata={"help": "fcfs | priority (vLLM's): with priority, a request's priority (lower "
                                           "first) orders admission and preempts lower ones; fcfs refuses it"},
     )  # fmt: skip
+    fair_share: str = field(default="rows", metadata={"help": "rows | steps: callers share the batch's rows (rows, as "
+                            "vLLM) or also each step's (steps: on a CPU one caller's burst then does not slow another "
+                            "caller's streams, at a cost in total throughput while both run)"})  # fmt: skip
     caller_weights: str | None = field(
         default=None, metadata={"help": "NAME=WEIGHT,... fair share weights (default 1): NAME is key:<12 hex digits "
                                         "of the key's SHA-256, as the access log shows> or user:<id> (no keys)"},
@@ -290,12 +294,11 @@ class Settings:
     def check(self) -> None:
         """The start-up checks a field's type cannot state; a ValueError names the setting (or the file)
         so that ``decoda serve`` fails before loading anything."""
-        if self.quantization not in QUANTIZATION_MODES:
-            raise ValueError(f"quantization must be one of {', '.join(QUANTIZATION_MODES)}, got {self.quantization!r}")
-        if self.log_format not in LOG_FORMATS:
-            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
-        if self.metrics_compat not in METRICS_COMPAT:
-            raise ValueError(f"metrics_compat must be one of {', '.join(METRICS_COMPAT)}, got {self.metrics_compat!r}")
+        choices = {"quantization": QUANTIZATION_MODES, "log_format": LOG_FORMATS, "metrics_compat": METRICS_COMPAT,
+                   "scheduling_policy": SCHEDULING_POLICIES, "fair_share": FAIR_SHARE_MODES}  # fmt: skip
+        for name, allowed in choices.items():
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {', '.join(allowed)}, got {getattr(self, name)!r}")
         non_negative = ("max_request_bytes", "max_audio_bytes", "max_image_bytes", "max_concurrency_per_key",
                         "responses_ttl", "responses_max_bytes", "responses_quota_bytes",
                         "responses_quota_items")  # fmt: skip
@@ -316,9 +319,6 @@ class Settings:
         if not 0 < self.max_prefill_share <= 1:
             raise ValueError(f"max_prefill_share must be in (0, 1], got {self.max_prefill_share}")
         require_trust(parse_custom_generate(self.custom_generate), self.trust_remote_code)
-        if self.scheduling_policy not in SCHEDULING_POLICIES:
-            raise ValueError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
-                             f"got {self.scheduling_policy!r}")  # fmt: skip
         self.caller_weights_table()  # a malformed weight (the flag or the keys file) fails at start
         check_parser(self.tool_call_parser)
         check_reasoning_parser(self.reasoning_parser)
