@@ -181,6 +181,19 @@ def test_nine_requests_in_one_batch_equal_each_alone(family):
         assert ours(harness, str(i), params.n) == expected, (family.name, mode)
 
 
+def assert_beams_equal_up_to_ties(got: list[list[int]], got_scores: list[float], expected: list[list[int]],
+                                  scores: list[float]) -> None:  # fmt: skip
+    """Beam search's returned hypotheses equal ``generate()``'s, with the same scores, except that two
+    hypotheses whose scores tie within float noise may be returned in each other's place: the tiny T5
+    (its ``initializer_factor`` 8) gives token 77 a log-probability of ~0 wherever it can, so
+    ``77 x 7, 39, 95, 71`` and ``77 x 8, 39, 95`` scored -3.4695194 and -3.4695218 on a Xeon's AVX-512
+    kernels, where a preempted and resumed request's batch summed in another order than ``generate()``."""
+    assert got_scores == pytest.approx(scores, abs=1e-4)
+    for index, (ours_tokens, theirs) in enumerate(zip(got, expected, strict=True)):
+        if ours_tokens != theirs:
+            assert abs(got_scores[index] - scores[index]) < 1e-5, (index, ours_tokens, theirs, got_scores, scores)
+
+
 def test_preempted_requests_resume_with_their_encoder_state(family):
     """A pool too small for all at once: requests give way and come back with their cross slots."""
     cases = [family.case() for _ in range(6)]
@@ -190,8 +203,8 @@ def test_preempted_requests_resume_with_their_encoder_state(family):
     run_until_preempted(harness)
     harness.run()
     for i, case in enumerate(cases):
-        expected, _ = family.reference(case, **MODES["beam"])
-        assert ours(harness, str(i), 2) == expected
+        expected, scores = family.reference(case, **MODES["beam"])
+        assert_beams_equal_up_to_ties(ours(harness, str(i), 2), harness.sequence_scores(str(i)), expected, scores)
     pool = harness.engine.pool
     assert pool.cross_slots == {} and pool.cross_lengths == {} and pool.blocks.num_used == 0
 

@@ -159,3 +159,19 @@ def test_the_ambiguous_grammar_is_still_refused_on_a_busy_machine(compiler, smol
     assert failure.value.reason == "budget" and "too ambiguous" in str(failure.value)
     assert "of CPU" in str(failure.value) and str(failure.value).startswith("structured_outputs: ")
     assert time.thread_time() - started < 60  # refused long before its 600 tokens' masks (minutes of CPU)
+
+
+@pytest.mark.parametrize(("vocab_size", "refused"), [(49_152, True), (151_936, False)])
+def test_the_per_step_limit_grows_with_the_vocabulary(vocab_size, refused):
+    """6.4 ms a step is what an ordinary tool call's masks cost over Qwen2.5's 151,936 tokens on a 2-core
+    Xeon: refused as "too ambiguous" under the flat 5 ms (a real agent's call failed with a 400). A mask
+    walks the tokens its state allows, so the limit is stated for 50,000 tokens and scales past them; over
+    SmolLM2's 49,152 the same cost is still refused."""
+    budget = MaskBudget("tools")
+    charge = [budget.charge(0.0064, vocab_size) for _ in range(WINDOW_CALLS - 1)]
+    assert charge == [None] * (WINDOW_CALLS - 1)  # nothing is judged before a full window
+    if refused:
+        with pytest.raises(GrammarFailure, match=r"tools: .*\(at most 5 ms\)"):
+            budget.charge(0.0064, vocab_size)
+    else:
+        budget.charge(0.0064, vocab_size)
