@@ -11,7 +11,6 @@ for 32 rows on a CPU) before its prompt was even admitted.
 
 from __future__ import annotations
 
-import random
 import threading
 
 import pytest
@@ -20,9 +19,9 @@ import torch
 from decoding.engine.worker import Worker
 from decoding.params import GenerationParams
 from tests.engine_harness import EngineHarness, hf_greedy, tiny_llama
+from tests.test_engine_priority import prompt  # the same random prompts
 
 EOS = 2
-VOCAB = 49152
 LOW_GREEDY = GenerationParams(max_new_tokens=16, ignore_eos=True, priority=5)
 LOW_SAMPLED = GenerationParams(max_new_tokens=16, ignore_eos=True, do_sample=True, temperature=1.3, top_k=50, seed=17,
                                priority=5)  # fmt: skip
@@ -32,11 +31,6 @@ HIGH = GenerationParams(max_new_tokens=6, ignore_eos=True, priority=0)
 @pytest.fixture(scope="module")
 def model(smollm2_tokenizer):
     return tiny_llama(len(smollm2_tokenizer), seed=5)
-
-
-def prompt(length: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(3, VOCAB) for _ in range(length)]
 
 
 class ArrivesMidForward:
