@@ -32,3 +32,27 @@ def test_a_bfloat16_tied_head_stays_a_plain_linear():
     model = tiny_llama(512, seed=3).to(torch.bfloat16)
     pack_linears(model)
     assert type(model.lm_head) is torch.nn.Linear
+
+
+def test_a_large_tied_head_times_both_forms_and_each_computes_the_product():
+    """A head of 16 MiB or more is timed at load for each row bucket (which form wins depends on the
+    CPU); whichever form a bucket takes, the product is ``F.linear``'s."""
+    linear = torch.nn.Linear(512, 8192, bias=False)
+    head = SharedWeightLinear(linear)
+    head.calibrate()
+    assert set(head.row_form) == {1, 2, 4, 8, 16, 32}
+    for rows in (1, 3, 8, 40):  # 40 rows take the largest bucket's form
+        hidden = torch.randn(1, rows, 512)
+        expected = F.linear(hidden, linear.weight)
+        for row_form in (True, False):
+            head.row_form = dict.fromkeys(head.row_form, row_form)
+            with torch.inference_mode():
+                out = head(hidden)
+            assert out.shape == (1, rows, 8192) and out.is_contiguous()
+            torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_small_tied_head_is_not_timed():
+    head = SharedWeightLinear(torch.nn.Linear(64, 512))
+    head.calibrate()
+    assert head.row_form == {}

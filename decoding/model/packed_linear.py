@@ -20,12 +20,12 @@ run their linears in about half the time. The packed copy is the only copy: the 
 is dropped once packed (it doubled the resident weights: 424 MB more for SmolLM2 in float32). A
 linear whose weight another module also uses (an LM head tied to the embedding) is not packed: the
 embedding needs the plain rows, and a second, packed copy of the largest matrix would cost 113 MB
-more in float32. In float32 such a linear multiplies as ``W @ x.T`` instead (``SharedWeightLinear``):
-MKL streams the big weight once for every row that way, where ``F.linear``'s ``x @ W.T`` takes a
-path ~3x slower. The 49152x576 head, 2 threads (``python -m loadtests.bench_linear_layouts``, its
-last table): 1 row 9.6 ms with ``F.linear``, 2.8 ms as ``W @ x.T`` with the row doubled (MKL's
-one-column product is as slow as ``F.linear``); 16 rows 18.7 vs 14.7 ms. In bfloat16 ``F.linear``
-is already as fast (3.4 ms at one row), so it stays.
+more in float32. In float32 such a linear multiplies as ``W @ x.T`` or ``F.linear``, whichever this
+CPU runs faster at the step's row count (``SharedWeightLinear``, timed at load): on the EPYC the
+49152x576 head, 2 threads (``python -m loadtests.bench_linear_layouts``, its last table), took 9.6 ms
+with ``F.linear`` at 1 row and 2.8 ms as ``W @ x.T`` with the row doubled (MKL's one-column product is
+as slow as ``F.linear``), 16 rows 18.7 vs 14.7 ms; on a Xeon with AVX-512 it is the other way round
+(2.4 vs 8.7 ms at 1 row). In bfloat16 ``F.linear`` is already as fast (3.4 ms at one row), so it stays.
 Results equal ``F.linear`` up to float reassociation (the HF parity tests run through this
 layer). bfloat16 weights pack the same way; they reach the CPU's bf16 dot-product instructions
 only where it has them (avx512_bf16 / AMX; elsewhere oneDNN converts bf16 to float32 inside the
@@ -37,8 +37,10 @@ from __future__ import annotations
 import ctypes
 import gc
 import logging
+import time
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 logger = logging.getLogger(__name__)
@@ -72,7 +74,14 @@ class PackedLinear(nn.Module):
 
 class SharedWeightLinear(nn.Module):
     """Drop-in for a float32 ``nn.Linear`` whose weight another module holds too (a tied LM head),
-    multiplied as ``W @ x.T``: the same weight tensor, no copy."""
+    multiplied with the same weight tensor, no copy, in whichever of two forms this CPU runs faster.
+
+    MKL's skinny products are fast in one form and slow in the other, and which is which depends on
+    the CPU: over Whisper base's tied head (51,865 x 512), two threads, one row, ``W @ x.T`` with the
+    row doubled took 2.8 ms on the AMD EPYC this layer was written on (``F.linear`` 9.6 ms) and 6.4 ms
+    on a Xeon with AVX-512, where ``F.linear`` took 2.2 ms. So a large weight times both forms once
+    per power-of-two row count at load (``calibrate``) and keeps the faster one per count: a decode
+    step's head is the largest single read of a small model's step."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -80,19 +89,60 @@ class SharedWeightLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+        self.row_form: dict[int, bool] = {}  # row bucket -> F.linear (True) or W @ x.T (False)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         flat = hidden.reshape(-1, self.in_features)
-        rows = flat.shape[0]
-        if rows == 1:  # a one-column product takes MKL's slow path again: two columns, one kept
-            flat = flat.repeat(2, 1)
-        out = (self.weight @ flat.T).T[:rows].contiguous()
+        if self.row_form.get(_bucket(flat.shape[0]), False):
+            return F.linear(flat, self.weight, self.bias).reshape(*hidden.shape[:-1], self.out_features)
+        out = self._columns(flat)
         if self.bias is not None:
             out = out + self.bias
         return out.reshape(*hidden.shape[:-1], self.out_features)
 
+    def _columns(self, flat: torch.Tensor) -> torch.Tensor:
+        rows = flat.shape[0]
+        if rows == 1:  # a one-column product takes MKL's slow path again: two columns, one kept
+            flat = flat.repeat(2, 1)
+        return (self.weight @ flat.T).T[:rows].contiguous()
+
+    @torch.inference_mode()
+    def calibrate(self) -> None:
+        """Time both forms at 1, 2, 4 ... ``CALIBRATED_ROWS`` rows on this CPU and thread count, taking
+        turns, and keep ``F.linear`` where it is clearly faster (``ROW_FORM_MARGIN``: near-equal forms
+        keep the one this layer has always used, so runs on one machine rarely differ). Weights under
+        ``CALIBRATE_BYTES`` are not timed: their product is not what a step waits on."""
+        if self.weight.numel() * self.weight.element_size() < CALIBRATE_BYTES:
+            return
+        seeded = torch.Generator().manual_seed(0)
+        for bucket in BUCKETS:
+            x = torch.randn(bucket, self.in_features, dtype=self.weight.dtype, generator=seeded)
+            best = {True: float("inf"), False: float("inf")}
+            for _ in range(CALIBRATE_ROUNDS):
+                for row_form in (True, False):
+                    started = time.perf_counter()
+                    F.linear(x, self.weight) if row_form else self._columns(x)
+                    best[row_form] = min(best[row_form], time.perf_counter() - started)
+            self.row_form[bucket] = best[True] < ROW_FORM_MARGIN * best[False]
+        chosen = [bucket for bucket in BUCKETS if self.row_form[bucket]]
+        logger.info("tied %dx%d linear, %d threads: F.linear at %s rows, W @ x.T at the rest (timed)",
+                    self.out_features, self.in_features, torch.get_num_threads(),
+                    ", ".join(map(str, chosen)) or "no")  # fmt: skip
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, shared weight as W @ x.T"
+        return f"in_features={self.in_features}, out_features={self.out_features}, shared weight"
+
+
+CALIBRATE_BYTES = 16 * 2**20  # a head this large is a tenth or more of a small model's step
+BUCKETS = (1, 2, 4, 8, 16, 32)  # row counts timed; more rows take the last one's form
+CALIBRATE_ROUNDS = 3  # each form's best of three, taking turns
+ROW_FORM_MARGIN = 0.85  # F.linear must take under 85% of W @ x.T's time to be chosen
+
+
+def _bucket(rows: int) -> int:
+    """The timed row count a product of ``rows`` rows takes its form from: the next power of two, at
+    most the largest timed."""
+    return min(BUCKETS[-1], 1 << max(0, rows - 1).bit_length())
 
 
 def can_pack(model: nn.Module) -> bool:
@@ -122,7 +172,9 @@ def pack_linears(model: nn.Module) -> int:
                 setattr(module, name, PackedLinear(child))
                 replaced += 1
             elif child.weight.dtype == torch.float32:
-                setattr(module, name, SharedWeightLinear(child))
+                shared_linear = SharedWeightLinear(child)
+                shared_linear.calibrate()
+                setattr(module, name, shared_linear)
     own_remaining_tensors(model)
     logger.debug("packed %d linears for oneDNN", replaced)
     return replaced
