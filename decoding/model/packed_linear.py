@@ -135,7 +135,7 @@ class SharedWeightLinear(nn.Module):
 
 CALIBRATE_BYTES = 16 * 2**20  # a head this large is a tenth or more of a small model's step
 BUCKETS = (1, 2, 4, 8, 16, 32)  # row counts timed; more rows take the last one's form
-CALIBRATE_ROUNDS = 3  # each form's best of three, taking turns
+CALIBRATE_ROUNDS = 2  # each form's best of two, taking turns (a 670 MB head takes ~70 ms a call)
 ROW_FORM_MARGIN = 0.85  # F.linear must take under 85% of W @ x.T's time to be chosen
 
 
