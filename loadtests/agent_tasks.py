@@ -4,7 +4,9 @@ Each run is one agent (greedy, ``max_tokens`` per turn, at most six model turns)
 whose facts only its function tools hold; it passes when it called the tools with the right
 arguments and its final answer states the known facts. Prints one line per task and SDK (pass or
 what went wrong), then the totals per SDK. ``--failures FILE`` writes each failed run's exchanges
-with the server (the bodies the SDK sent, what Decoda answered) as Markdown, for finding why.
+with the server (the bodies the SDK sent, what Decoda answered) as Markdown, for finding why;
+``--failures-json FILE`` the same as JSON, which ``loadtests.agent_reference`` replays through
+transformers' ``generate()`` to tell the model's failures from the server's.
 
     .venv/bin/python -m loadtests.agent_tasks --model qwen2.5-coder-1.5b          # starts a server
     .venv/bin/python -m loadtests.agent_tasks --base-url http://127.0.0.1:8000/v1  # a running one
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=200, help="per model turn")
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--failures", type=Path, help="write each failed run's exchanges here (Markdown)")
+    parser.add_argument("--failures-json", type=Path, help="the same as JSON (loadtests.agent_reference reads it)")
     args = parser.parse_args()
     sdks = args.sdks.split(",")
     unknown = [sdk for sdk in sdks if sdk not in SDKS]
@@ -125,6 +128,14 @@ def main() -> None:
     if args.failures:
         write_failures(args.failures, results)
         print(f"failed runs' exchanges: {args.failures}")
+    if args.failures_json:
+        failed_runs = [
+            {"sdk": sdk, "task": task.name, "problems": outcome.problems(task), "exchanges": outcome.exchanges}
+            for sdk, task, outcome in results
+            if outcome.problems(task)
+        ]
+        args.failures_json.write_text(json.dumps(failed_runs, indent=1))
+        print(f"failed runs as JSON: {args.failures_json}")
 
 
 if __name__ == "__main__":
