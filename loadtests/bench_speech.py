@@ -2,7 +2,7 @@
 
 Servers (each started as a subprocess on its own loopback port, waited for, measured, stopped):
 - Decoda: ``decoda serve --model whisper-base`` (the packaged CTranslate2 Whisper base read into
-  transformers, float32) with ``--num-threads THREADS``;
+  transformers, float32 unless ``--decoda-dtype`` says otherwise) with ``--num-threads THREADS``;
 - ``faster-whisper-server`` 0.0.3 (faster-whisper 1.2.1 on CTranslate2) on the same CTranslate2 folder
   (``whisper_ct2_folder``), on the CPU with ``cpu_threads: THREADS``, once per ``--fws-compute-types``
   entry (float32: the same arithmetic as Decoda's; int8: what it is usually run with). It lives in a
@@ -87,7 +87,7 @@ def fws_config(folder: Path, threads: int, compute_type: str) -> str:
 def servers(args: argparse.Namespace, config_dir: Path) -> dict[str, Server | str]:
     """Each server to measure, or a string saying why it cannot run here; ``PORT`` in a command is its port."""
     decoda = [sys.executable, "-m", "server.cli", "serve", "--host", "127.0.0.1", "--port", "PORT", "--model", MODEL,
-              "--max-num-seqs", "8", "--num-threads", str(args.threads)]  # fmt: skip
+              "--max-num-seqs", "8", "--num-threads", str(args.threads), "--dtype", args.decoda_dtype]  # fmt: skip
     found: dict[str, Server | str] = {DECODA: Server(DECODA, decoda, beams={"num_beams": 5})}
     python = args.fws_python or os.environ.get(FWS_ENV)
     for compute_type in args.fws_compute_types.split(","):
@@ -201,7 +201,7 @@ def round_ratios(rows: list[dict], key: str, numerator: str, denominator: str) -
 
 
 def goal_lines(rows: list[dict], peer: str = f"{FWS} float32") -> list[str]:
-    """Each goal of issue 53 with its figure: Decoda against the peer on the same float32 weights."""
+    """Each goal of issue 53 with its figure: Decoda against ``peer`` (float32: Decoda's default arithmetic)."""
 
     def values(server: str, key: str) -> list[float]:
         return [r[key] for r in rows if r["server"] == server]
@@ -274,7 +274,8 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, arg
         "# Speech to text: Decoda beside faster-whisper-server, same Whisper base weights",
         "",
         f"Measured {datetime.now(UTC):%Y-%m-%d %H:%M} UTC with `{command}`.",
-        f"CPU: {cpu_summary()}; flags: {cpu_flags()}. Each server ran with {args.threads} threads.",
+        f"CPU: {cpu_summary()}; flags: {cpu_flags()}. Each server ran with {args.threads} threads; Decoda with "
+        f"`--dtype {args.decoda_dtype}`.",
         f"Load average (1 min): {load}.",
         f"Clips: {len(clips)} espeak-ng sentences ({sum(c.seconds for c in clips):.1f} s of audio, "
         f"{min(c.seconds for c in clips):.1f} to {max(c.seconds for c in clips):.1f} s each), 16 kHz mono wav; the long"
@@ -284,7 +285,7 @@ def write_markdown(rows: list[dict], problems: dict[str, str], command: str, arg
         f"loop). The servers took turns over {args.rounds} round(s), the order reversed every other round; ratios are",
         "taken within a round.",
         "",
-        *goal_lines(rows),
+        *goal_lines(rows, f"{FWS} {args.fws_compute_types.split(',')[0]}"),
         "",
         *table_lines(rows, problems),
     ]
@@ -302,7 +303,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, default=3, help="turns each server takes (order reversed every other)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="CPU threads of every server")
     parser.add_argument("--fws-python", help=f"faster-whisper-server's interpreter (else ${FWS_ENV}; neither: skipped)")
-    parser.add_argument("--fws-compute-types", default="float32,int8", help="faster-whisper-server compute types")
+    parser.add_argument(
+        "--fws-compute-types",
+        default="float32,int8",
+        help="faster-whisper-server compute types (the goals are taken against the first)",
+    )
+    parser.add_argument(
+        "--decoda-dtype",
+        default="float32",
+        help="Decoda's --dtype (auto: bfloat16 where the CPU multiplies it natively, as with AMX)",
+    )
     parser.add_argument("--servers", default=f"{DECODA},{FWS}", help="which of decoda, faster-whisper-server")
     parser.add_argument("--cache-dir", default=str(Path.home() / ".cache" / "decoda"), help="Decoda's model cache")
     parser.add_argument("--start-timeout", type=float, default=600, help="seconds a server may take to start")
