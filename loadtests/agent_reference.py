@@ -7,11 +7,14 @@ given the same prompt, would have written something else. For each failed run of
 (``--failures-json`` of agent_tasks), this takes the last request the SDK sent, renders it exactly as the
 server does (``POST /tokenize`` with its messages and tools), and generates greedily twice from those
 ids: Decoda (``/v1/completions``, the ids as the prompt, no grammar) and transformers' ``generate()`` on
-the same GGUF dequantized to float32 (``from_pretrained(gguf_file=...)``: the reference arithmetic, where
-Decoda runs the GGUF's blocks natively). It prints both continuations and whether they are the same text.
+the same GGUF dequantized to float32 (``from_pretrained(gguf_file=...)``). It prints both continuations,
+special tokens included (but the end token), and whether they are the same text. Serve Decoda with
+``--quantization none`` (the same dequantized float32 weights) for token equality; its default for this
+model runs the GGUF's blocks natively with int8 activations, as llama.cpp does, and may part from
+transformers' float32 after a few tokens.
 
     .venv/bin/python -m loadtests.agent_tasks --sdks agents-chat --failures-json /tmp/failed.json
-    .venv/bin/python -m loadtests.agent_reference /tmp/failed.json                      # starts a server
+    .venv/bin/python -m loadtests.agent_reference /tmp/failed.json --server-flags "--quantization none"
     .venv/bin/python -m loadtests.agent_reference /tmp/failed.json --base-url http://127.0.0.1:8000/v1
 
 transformers loads the 1.1 GB GGUF into ~6 GB of float32 in about 80 s on 2 cores, and generates a few
@@ -46,7 +49,7 @@ def last_chat_turns(failures: list[dict[str, Any]]) -> list[tuple[str, dict[str,
 
 
 def decoda_continuation(client: httpx.Client, base: str, model: str, ids: list[int], tokens: int) -> str:
-    body = {"model": model, "prompt": ids, "max_tokens": tokens, "temperature": 0}
+    body = {"model": model, "prompt": ids, "max_tokens": tokens, "temperature": 0, "skip_special_tokens": False}
     return client.post(f"{base}/completions", json=body).raise_for_status().json()["choices"][0]["text"]
 
 
@@ -99,10 +102,16 @@ def load_reference(gguf: Path):  # noqa: ANN201 (a closure over the loaded model
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     print(f"transformers loaded {gguf.name} in {time.monotonic() - started:.0f} s", flush=True)
 
+    ends = model.generation_config.eos_token_id
+    ends = set(ends if isinstance(ends, list) else [ends])
+
     def generate(ids: list[int], tokens: int) -> str:
         with torch.inference_mode():
             out = model.generate(torch.tensor([ids]), max_new_tokens=tokens, do_sample=False)
-        return tokenizer.decode(out[0, len(ids) :], skip_special_tokens=True)  # as Decoda's text
+        new = out[0, len(ids) :].tolist()
+        if new and new[-1] in ends:  # the end token a server stops at, which its text never holds
+            new = new[:-1]
+        return tokenizer.decode(new, skip_special_tokens=False)
 
     return generate
 
