@@ -114,9 +114,10 @@ class SharedWeightLinear(nn.Module):
         ``CALIBRATE_BYTES`` are not timed: their product is not what a step waits on."""
         if self.weight.numel() * self.weight.element_size() < CALIBRATE_BYTES:
             return
-        seeded = torch.Generator().manual_seed(0)
+        device = self.weight.device
+        seeded = torch.Generator(device=device).manual_seed(0)
         for bucket in BUCKETS:
-            x = torch.randn(bucket, self.in_features, dtype=self.weight.dtype, generator=seeded)
+            x = torch.randn(bucket, self.in_features, dtype=self.weight.dtype, device=device, generator=seeded)
             best = {True: float("inf"), False: float("inf")}
             for _ in range(CALIBRATE_ROUNDS):
                 for row_form in (True, False):
