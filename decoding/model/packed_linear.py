@@ -108,7 +108,7 @@ class SharedWeightLinear(nn.Module):
 
     @torch.inference_mode()
     def calibrate(self) -> None:
-        """Time both forms at 1, 2, 4 ... ``CALIBRATED_ROWS`` rows on this CPU and thread count, taking
+        """Time both forms at each of ``BUCKETS`` rows on this CPU and thread count, taking
         turns, and keep ``F.linear`` where it is clearly faster (``ROW_FORM_MARGIN``: near-equal forms
         keep the one this layer has always used, so runs on one machine rarely differ). Weights under
         ``CALIBRATE_BYTES`` are not timed: their product is not what a step waits on."""
