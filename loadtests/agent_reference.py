@@ -43,7 +43,7 @@ def last_chat_turns(failures: list[dict[str, Any]]) -> list[tuple[str, dict[str,
         if not chats:
             continue
         sent, answered = chats[-1]
-        usage = answered.get("usage") or {} if isinstance(answered, dict) else {}
+        usage = (answered.get("usage") or {}) if isinstance(answered, dict) else {}
         turns.append((f"{run['sdk']} / {run['task']}", sent, max(8, int(usage.get("completion_tokens") or 64))))
     return turns
 
