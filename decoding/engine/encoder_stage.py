@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from decoding.kv.pool import KVPool
+from decoding.model.encoder_layout import keep_encoder_stream_row_major
 from decoding.model.seq2seq import (
     EncoderInput,
     cross_attention_modules,
@@ -36,6 +37,7 @@ class EncoderStage:
         self.device = device
         self.cross_modules = cross_attention_modules(model)
         mark_cross_attention(model)  # the attention function reads these layers' keys and values from the pool
+        keep_encoder_stream_row_major(model)
         self.decoder_prompt = decoder_start_ids(model)  # where a text request's decoder starts
 
     def inputs(self, prompt_ids: list[int], encoder_input: EncoderInput | None) -> tuple[list[int], EncoderInput]:
