@@ -69,6 +69,22 @@ def test_blocks_are_counted_shared_and_cached_blocks_wait_lru_until_needed():
         blocks.take()
 
 
+def test_a_finished_rows_tail_is_evicted_before_its_head():
+    """Room taken from a cached conversation costs its last blocks, not its first: the rest stays a prefix."""
+    pool = KVPool(num_layers=1, num_blocks=4, num_kv_heads=1, head_dim=2, max_model_len=64, dtype=torch.float32,
+                  device="cpu", num_slots=2, block_size=4)  # fmt: skip
+    conversation = list(range(10, 22))  # 3 full blocks
+    row = pool.allocate()
+    pool.prepare(row, 0, 12)
+    pool.register(row, conversation)
+    pool.free(row)
+    other = pool.allocate()
+    pool.prepare(other, 0, 8)  # the never-used block, then one cached block must go
+    assert pool.blocks.num_cached == 2
+    again = pool.allocate()
+    assert pool.attach_prefix(again, conversation, 12) == 8
+
+
 def test_a_prefix_is_found_by_its_whole_chain_not_by_its_last_block():
     blocks = BlockAllocator(4)
     first, second = blocks.take(), blocks.take()

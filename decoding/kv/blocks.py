@@ -125,7 +125,7 @@ class BlockAllocator:
                 break
             block, parent = found
             blocks.append(block)
-        for block in blocks:  # a hit is a use: keep it from eviction longest
+        for block in reversed(blocks):  # a hit is a use: kept from eviction longest, its tail going first
             if block in self._evictable:
                 self._evictable.move_to_end(block)
         return blocks

@@ -193,10 +193,13 @@ class KVPool:
         self._registered[slot] = _Registered(parent=root)
 
     def truncate(self, slot: int, num_tokens: int) -> None:
-        """Let go of the row's blocks past its first ``num_tokens`` positions."""
+        """Let go of the row's blocks past its first ``num_tokens`` positions, the last first: cached blocks
+        are evicted least recently released first, and a prefix is matched from its first block on, so
+        a row's tail must go before its head (evicting the head first would orphan every block after it
+        while they still took space)."""
         table = self.tables[slot]
         keep = self.blocks_for(num_tokens)
-        for block in table[keep:]:
+        for block in reversed(table[keep:]):
             self.blocks.release(block)
         del table[keep:]
         registered = self._registered[slot]
