@@ -16,7 +16,15 @@ are its own from the first block: what one replica's cache holds of it, it compu
 Measured on turns 2-4: the prefix-cache hit rate (prompt tokens the cache supplied over prompt tokens,
 from each answer's ``usage.prompt_tokens_details.cached_tokens``, vLLM's hits/queries), the share of the
 conversation before the turn that was reused (cached tokens over the previous turn's prompt and reply),
-and the client's time to first token (p50, p95). Writes ``loadtests/results/sticky.md``.
+and the client's time to first token (p50, p95); from nginx's access log, how many conversations
+began on each replica (with a handful of sessions, a consistent hash can load one replica with most).
+Writes ``loadtests/results/sticky.md``.
+
+``--kv-cache-memory`` sizes each replica's KV cache (the server's flag). By default it holds every
+conversation many times over, so round robin loses only each conversation's first visit to the other
+replica (at most a third of turns 2-4 with two replicas). A production replica's cache holds far fewer
+conversations than its fleet serves; round robin then makes every replica hold every conversation, while
+sticky routing gives each replica only its share, which is where the routing pays most.
 
     .venv/bin/python -m loadtests.bench_sticky --rounds 2
 """
@@ -25,12 +33,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import re
 import signal
 import statistics
 import subprocess
 import tempfile
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +52,7 @@ from tests.test_lb_nginx_drain import NGINX, nginx_conf, wait_ready
 
 RESULTS = ROOT / "loadtests" / "results"
 STICKY, ROUND_ROBIN = "sticky", "round robin"
+SUBFOLDER = {STICKY: "sticky", ROUND_ROBIN: "rr"}  # each mode's nginx: its config and access log
 SYSTEM = (
     "You are the support assistant of a small bicycle shop. You answer questions about city bikes, "
     "road bikes, cargo bikes and their repair. Keep every answer friendly, practical and short: one or two "
@@ -101,6 +112,8 @@ class ModeResult:
     turns: list[Turn] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    keys: list[str] = field(default_factory=list)  # each conversation's; its requests' ids are key-turn
+    first_replicas: str = ""  # conversations whose first turn each replica served, most first ("5/3")
 
 
 def round_robin(conf: Path) -> Path:
@@ -116,6 +129,7 @@ def round_robin(conf: Path) -> Path:
 
 async def conversation(client: AsyncOpenAI, args: argparse.Namespace, result: ModeResult) -> None:
     key = uuid.uuid4().hex
+    result.keys.append(key)
     system = f"Conversation {key}. {SYSTEM}"
     if args.document_words:
         system += f" The shop's repair log for this customer follows. {repair_log(key, args.document_words)}"
@@ -129,6 +143,7 @@ async def conversation(client: AsyncOpenAI, args: argparse.Namespace, result: Mo
             stream = await client.chat.completions.create(
                 model=MODEL, messages=messages, max_tokens=args.max_tokens, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"prompt_cache_key": key, "ignore_eos": True},
+                extra_headers={"X-Request-Id": f"{key}-{number}"},
             )  # fmt: skip
             async for chunk in stream:
                 if chunk.choices and chunk.choices[0].delta.content:
@@ -160,6 +175,20 @@ async def run_mode(url: str, args: argparse.Namespace) -> ModeResult:
     return result
 
 
+def first_replicas(access_log: Path, keys: list[str]) -> str:
+    """How many of the conversations ``keys`` each replica served the first turn of, most first, from nginx's
+    access log (``upstream=ADDRESS request_id=KEY-1``): "5/3" for five on one replica and three on the other."""
+    deadline = time.monotonic() + 10  # nginx logs a request once its answer has gone out
+    while True:
+        lines = re.findall(r"upstream=(\S+) request_id=([0-9a-f]{32})-1$", access_log.read_text(), re.M)
+        served = {key: upstream for upstream, key in lines}
+        if all(key in served for key in keys) or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    counts = sorted(Counter(served[key] for key in keys if key in served).values(), reverse=True)
+    return "/".join(str(count) for count in counts + [0] * (2 - len(counts)))
+
+
 def summary(result: ModeResult) -> dict[str, float]:
     later = [turn for turn in result.turns if turn.number >= 2]
     ttfts = sorted(turn.ttft for turn in later)
@@ -170,13 +199,32 @@ def summary(result: ModeResult) -> dict[str, float]:
         "ttft_p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
         "first_ttft_p50": statistics.median(t.ttft for t in result.turns if t.number == 1) if result.turns else 0,
         "prompt_mean": statistics.mean(t.prompt_tokens for t in later) if later else 0,
+        "last_prompt_mean": statistics.mean(last) if (last := [t.prompt_tokens for t in result.turns if t.number == 4])
+        else 0.0,
         "turns": len(later),
         "errors": len(result.errors),
         "seconds": result.seconds,
+        "first_replicas": result.first_replicas,
     }
 
 
-def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, load: str) -> str:
+def cache_tokens(log: Path) -> int:
+    """Positions one replica's KV cache holds, from its ``engine ready`` log line (blocks x block size)."""
+    match = re.search(r"kv_cache=\d+ MiB \((\d+) blocks of (\d+)", log.read_text())
+    if match is None:
+        raise SystemExit(f"no 'engine ready' line with the KV cache's size in {log}")
+    return int(match.group(1)) * int(match.group(2))
+
+
+def cache_line(args: argparse.Namespace, tokens: int, rounds: list[dict[str, dict[str, float]]]) -> str:
+    """The replicas' KV cache in positions and in conversations at their last turn (prompt and reply)."""
+    last = max(modes[STICKY]["last_prompt_mean"] for modes in rounds) + args.max_tokens if rounds else 0
+    holds = f", about {tokens / last:.1f} conversations at their last turn ({last:.0f} positions)" if last else ""
+    flag = f"--kv-cache-memory {args.kv_cache_memory}" if args.kv_cache_memory else "the default --kv-cache-memory"
+    return f"Each replica's KV cache ({flag}): {tokens} positions{holds}; {args.clients} conversations run at once."
+
+
+def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, load: str, tokens: int) -> str:
     lines = [
         "# Sticky routing against round robin (two replicas behind nginx)",
         "",
@@ -185,17 +233,21 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, 
         f"{args.document_words} words of repair log in each conversation's system prompt, "
         f"SmolLM2-135M float32, two replicas with --num-threads 1, the modes taking turns over {len(rounds)} rounds.",
         "",
-        "Turns 2-4 only. hit rate: prompt tokens from the prefix cache / prompt tokens; reused: those / the "
-        "conversation's tokens before the turn (its previous prompt and reply).",
+        cache_line(args, tokens, rounds),
         "",
-        "| round | mode | hit rate | reused | TTFT p50 | TTFT p95 | turn-1 TTFT p50 | mean prompt | turns | errors "
-        "| wall |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "Conversations per replica: how many began on each (round robin's later turns move). Turns 2-4 only. "
+        "hit rate: prompt tokens from the prefix cache / prompt tokens; reused: those / the conversation's tokens "
+        "before the turn (its previous prompt and reply).",
+        "",
+        "| round | mode | conversations per replica | hit rate | reused | TTFT p50 | TTFT p95 | turn-1 TTFT p50 "
+        "| mean prompt | turns | errors | wall |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]  # fmt: skip
     for number, modes in enumerate(rounds, start=1):
         for mode, s in modes.items():
             ms = {name: f"{s[name] * 1e3:.0f} ms" for name in ("ttft_p50", "ttft_p95", "first_ttft_p50")}
-            lines.append(f"| {number} | {mode} | {s['hit_rate']:.1%} | {s['reused']:.1%} | {ms['ttft_p50']} "
+            lines.append(f"| {number} | {mode} | {s['first_replicas']} | {s['hit_rate']:.1%} | {s['reused']:.1%} "
+                         f"| {ms['ttft_p50']} "
                          f"| {ms['ttft_p95']} | {ms['first_ttft_p50']} | {s['prompt_mean']:.0f} | {s['turns']} "
                          f"| {s['errors']} | {s['seconds']:.0f} s |")  # fmt: skip
     ratios = [modes[STICKY]["ttft_p50"] / modes[ROUND_ROBIN]["ttft_p50"] for modes in rounds]
@@ -207,7 +259,8 @@ def report(rounds: list[dict[str, dict[str, float]]], args: argparse.Namespace, 
         f"{', '.join(f'{h:.1%}' for h in sticky_hits)} (goal >= 90%).",
         "",
         f"Command: `.venv/bin/python -m loadtests.bench_sticky --rounds {args.rounds} --clients {args.clients} "
-        f"--conversations {args.conversations} --max-tokens {args.max_tokens} --document-words {args.document_words}`",
+        f"--conversations {args.conversations} --max-tokens {args.max_tokens} --document-words {args.document_words}"
+        + (f" --kv-cache-memory {args.kv_cache_memory}`" if args.kv_cache_memory else "`"),
     ]  # fmt: skip
     return "\n".join(lines) + "\n"
 
@@ -221,20 +274,24 @@ def main() -> None:
     parser.add_argument("--document-words", type=int, default=0,
                         help="a repair log of about this many words in each conversation's system prompt: the long "
                              "context (a manual, a file) whose reuse sticky routing saves")  # fmt: skip
+    parser.add_argument("--kv-cache-memory", default=None,
+                        help="each replica's KV cache (the server's flag, e.g. 400MB); default: the server's")
     parser.add_argument("--out", type=Path, default=RESULTS / "sticky.md")
     args = parser.parse_args()
     if NGINX is None:
         raise SystemExit("needs nginx with njs (Debian packages nginx and libnginx-mod-http-js)")
     load = Path("/proc/loadavg").read_text().split()[:3]
     folder = Path(tempfile.mkdtemp(prefix="decoda-sticky-"))
-    replicas = [start_server("--max-model-len", "2048", "--num-threads", "1", log=folder / f"replica-{i}.log")
+    cache = ("--kv-cache-memory", args.kv_cache_memory) if args.kv_cache_memory else ()
+    replicas = [start_server("--max-model-len", "2048", "--num-threads", "1", *cache, log=folder / f"replica-{i}.log")
                 for i in range(2)]  # fmt: skip
+    tokens = cache_tokens(folder / "replica-0.log")
     ports = [int(base.rsplit(":", 1)[1]) for base, _ in replicas]
-    (folder / "sticky").mkdir()
-    (folder / "rr").mkdir()
+    for sub in SUBFOLDER.values():
+        (folder / sub).mkdir()
     urls, proxies = {}, []
     try:
-        for mode, sub in ((STICKY, "sticky"), (ROUND_ROBIN, "rr")):
+        for mode, sub in SUBFOLDER.items():
             listen = free_port()
             conf = nginx_conf(folder / sub, listen, ports)
             if mode == ROUND_ROBIN:
@@ -247,7 +304,9 @@ def main() -> None:
             order = [STICKY, ROUND_ROBIN] if number % 2 == 0 else [ROUND_ROBIN, STICKY]
             modes = {}
             for mode in order:
-                modes[mode] = summary(asyncio.run(run_mode(urls[mode], args)))
+                result = asyncio.run(run_mode(urls[mode], args))
+                result.first_replicas = first_replicas(folder / SUBFOLDER[mode] / "access.log", result.keys)
+                modes[mode] = summary(result)
                 print(f"round {number + 1} {mode}: {modes[mode]}", flush=True)
             rounds.append({mode: modes[mode] for mode in (STICKY, ROUND_ROBIN)})
     finally:
@@ -256,7 +315,7 @@ def main() -> None:
             proxy.wait(10)
         for _, proc in replicas:
             stop_server(proc)
-    text = report(rounds, args, " ".join(load))
+    text = report(rounds, args, " ".join(load), tokens)
     args.out.write_text(text)
     print(text)
 
