@@ -192,6 +192,7 @@ def first_replicas(access_log: Path, keys: list[str]) -> str:
 def summary(result: ModeResult) -> dict[str, float]:
     later = [turn for turn in result.turns if turn.number >= 2]
     ttfts = sorted(turn.ttft for turn in later)
+    last = [turn.prompt_tokens for turn in result.turns if turn.number == len(QUESTIONS)]
     return {
         "hit_rate": sum(t.cached_tokens for t in later) / max(1, sum(t.prompt_tokens for t in later)),
         "reused": sum(t.cached_tokens for t in later) / max(1, sum(t.before for t in later)),
@@ -199,8 +200,7 @@ def summary(result: ModeResult) -> dict[str, float]:
         "ttft_p95": ttfts[int(0.95 * (len(ttfts) - 1))] if ttfts else float("nan"),
         "first_ttft_p50": statistics.median(t.ttft for t in result.turns if t.number == 1) if result.turns else 0,
         "prompt_mean": statistics.mean(t.prompt_tokens for t in later) if later else 0,
-        "last_prompt_mean": statistics.mean(last) if (last := [t.prompt_tokens for t in result.turns if t.number == 4])
-        else 0.0,
+        "last_prompt_mean": statistics.mean(last) if last else 0.0,
         "turns": len(later),
         "errors": len(result.errors),
         "seconds": result.seconds,
