@@ -43,10 +43,10 @@ def main() -> None:
                 answer = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=32, temperature=0,
                                                         extra_body={"ignore_eos": True})  # fmt: skip
                 messages.append({"role": "assistant", "content": answer.choices[0].message.content})
-                details = answer.usage.prompt_tokens_details
+                prompt, details = answer.usage.prompt_tokens, answer.usage.prompt_tokens_details
                 cached = details.cached_tokens if details and details.cached_tokens else 0
-                turns.append((number, which, answer.usage.prompt_tokens, cached))
-                print(f"turn {number}, conversation {which}: {turns[-1][2]} prompt tokens, {cached} cached")
+                turns.append((number, which, prompt, cached))
+                print(f"turn {number}, conversation {which}: {prompt} prompt tokens, {cached} cached")
     finally:
         stop_server(proc)
     later = [(prompt, cached) for number, _, prompt, cached in turns if number >= 2]
